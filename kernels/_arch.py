@@ -1,0 +1,89 @@
+"""The target GPU architecture that kernels choose their configs for.
+
+Kernels pick block sizes, stages and warps from the *target* arch's budget, not the
+physical device, so that emulation (``TRITON_OVERRIDE_ARCH=sm80`` on a Hopper card) and
+offline compile-only checks see the configs a real card of that arch would get.
+
+The target is read, in order, from ``FLA_TARGET_ARCH`` (set by the pytest plugin per
+target), ``TRITON_OVERRIDE_ARCH`` (Triton's own emulation switch), the current CUDA
+device, and finally sm80 under the CPU interpreter. Nothing here initialises CUDA at
+import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import triton
+
+# Per-block opt-in shared memory in bytes (CUDA programming guide, compute capability tables).
+SHARED_MEMORY_LIMIT = {
+    75: 65536,
+    80: 166912,
+    86: 101376,
+    89: 101376,
+    90: 232448,
+    100: 232448,
+    120: 101376,
+}
+KNOWN_ARCHS = tuple(sorted(SHARED_MEMORY_LIMIT))
+
+# True while a launch-capture context is active (the plugin's compile-only mode): wrappers
+# then accept CPU tensors, and each ``kernel[grid](...)`` is recorded, compiled offline
+# for the target, and never run.
+CAPTURING_LAUNCHES = False
+
+_ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})a?$")
+
+
+def parse_arch(text: str | int) -> int:
+    """``'sm80'``, ``'sm_90a'``, ``'90'`` or ``90`` -> ``90``-style capability integer."""
+    if isinstance(text, int):
+        return text
+    match = _ARCH_RE.match(text.strip().lower())
+    if match is None:
+        raise ValueError(f"cannot parse GPU arch {text!r}: expected e.g. 'sm80' or 'sm90'")
+    return int(match.group(1))
+
+
+def is_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def target_arch() -> int:
+    """The compute capability (e.g. 80, 90) that kernel configs are chosen for."""
+    for var in ("FLA_TARGET_ARCH", "TRITON_OVERRIDE_ARCH"):
+        value = os.environ.get(var)
+        if value:
+            return parse_arch(value)
+    if not is_interpreter():
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            return major * 10 + minor
+    return 80
+
+
+def shared_memory_limit(arch: int | None = None) -> int:
+    """Opt-in shared memory per block, in bytes, for ``arch`` (default: the target)."""
+    arch = target_arch() if arch is None else arch
+    if arch in SHARED_MEMORY_LIMIT:
+        return SHARED_MEMORY_LIMIT[arch]
+    # An arch not in the table: take the nearest older one we know.
+    older = [a for a in KNOWN_ARCHS if a <= arch]
+    return SHARED_MEMORY_LIMIT[older[-1] if older else KNOWN_ARCHS[0]]
+
+
+def autotune(configs, key, **kwargs):
+    """``triton.autotune`` that keeps only the first config under the interpreter.
+
+    Timing means nothing in the interpreter and each extra config multiplies CPU test
+    time, so the first config (the one the kernel would most likely pick) is the one
+    checked there. On a GPU every config stays; ones over the target's shared-memory
+    budget are dropped by the autotuner itself when they fail with ``OutOfResources``.
+    """
+    if is_interpreter():
+        configs = list(configs)[:1]
+    return triton.autotune(configs=list(configs), key=key, **kwargs)

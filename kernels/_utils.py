@@ -1,0 +1,56 @@
+"""Small helpers shared by the kernel wrappers: allocation, sizes, varlen chunk maps."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+# Set by the test suite: every buffer a wrapper allocates is filled with NaN (floating)
+# or -1 (integer), so an element a kernel forgot to write cannot pass as a plausible value.
+POISON_ALLOCATIONS = False
+
+
+def empty(shape, dtype, device) -> torch.Tensor:
+    """``torch.empty`` for every buffer a kernel writes in full (outputs, intermediates)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if POISON_ALLOCATIONS and t.device.type != "meta":
+        t.fill_(float("nan") if t.dtype.is_floating_point else -1)
+    return t
+
+
+def empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
+    return empty(t.shape, dtype or t.dtype, t.device)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def block_size(n: int, minimum: int = 16) -> int:
+    """Power-of-two block covering ``n`` (``tl.dot`` needs at least 16 along each dim)."""
+    return max(triton.next_power_of_2(n), minimum)
+
+
+_chunk_maps: dict = {}
+
+
+def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device) -> torch.Tensor:
+    """For packed sequences: an int32 ``[NT, 2]`` table of (sequence, chunk-in-sequence).
+
+    ``offsets_host`` is the validated host copy of ``cu_seqlens``. A kernel launched over
+    the NT chunks of all sequences reads its row to find which sequence and chunk it
+    owns. Zero-length sequences own no chunk. Cached per offsets object, chunk size and
+    device, so a training loop pays for the host-to-device copy once.
+    """
+    key = (id(offsets_host), chunk_size, str(device))
+    hit = _chunk_maps.get(key)
+    if hit is not None and hit[0] is offsets_host:
+        return hit[1]
+    lengths = (offsets_host[1:] - offsets_host[:-1]).tolist()
+    rows = [(n, c) for n, length in enumerate(lengths) for c in range(cdiv(length, chunk_size))]
+    table = torch.tensor(rows if rows else [[0, 0]], dtype=torch.int32).reshape(-1, 2)[: len(rows)]
+    if len(_chunk_maps) > 256:
+        _chunk_maps.clear()
+    table = table.to(device)
+    _chunk_maps[key] = (offsets_host, table)
+    return table

@@ -1,0 +1,213 @@
+"""Input validation shared by every op: clear errors before any launch.
+
+Every public op validates its arguments here before it launches anything, and each
+error names the op, the argument and what was expected, e.g.::
+
+    ValueError: chunk_simple_gla: `g` must have shape [B, T, H] = [2, 64, 4], got [2, 64, 4, 16]
+
+Device-to-host syncs. Checking the *values* of ``cu_seqlens`` (starts at 0,
+non-decreasing, ends at T) needs them on the host. That costs one sync per distinct
+``cu_seqlens`` tensor, never per call:
+
+* pass ``cu_seqlens_cpu`` (a CPU copy of the same offsets) and no sync happens at all:
+  the CPU copy is validated, the device tensor's dtype, device and length are checked
+  from metadata only, and the two are trusted to agree;
+* otherwise the first call copies ``cu_seqlens`` to the host, validates it, and caches
+  the host copy against that tensor object and its version counter, so later calls with
+  the same (unmodified) tensor cost nothing. Modifying the tensor in place bumps its
+  version and forces a fresh check.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import _arch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _dtype_names(dtypes) -> str:
+    names = [str(d).replace("torch.", "") for d in dtypes]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+
+
+def _shape_str(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def check_tensor(op: str, name: str, t, dtypes=FLOAT_DTYPES) -> None:
+    """``t`` is a tensor of one of ``dtypes`` (``TypeError`` otherwise)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{op}: `{name}` must have dtype {_dtype_names(dtypes)}, got {t.dtype}")
+
+
+def check_same_dtype(op: str, **tensors) -> None:
+    """All given tensors share one dtype (``None`` entries are skipped)."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{op}: `{name}` has dtype {t.dtype} but `{first_name}` has {first.dtype}; they must match"
+            )
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected, dims: str) -> None:
+    """``t.shape == expected``; ``dims`` spells the expected shape symbolically, e.g. ``'[B, T, H]'``."""
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(
+            f"{op}: `{name}` must have shape {dims} = {_shape_str(expected)}, got {_shape_str(t.shape)}"
+        )
+
+
+def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, dims: str) -> None:
+    if t.dim() != ndim:
+        raise ValueError(f"{op}: `{name}` must be {ndim}-D {dims}, got shape {_shape_str(t.shape)}")
+
+
+def check_range(op: str, what: str, value: int, lo: int, hi: int) -> None:
+    """``lo <= value <= hi`` for a size such as a head dim."""
+    if not lo <= value <= hi:
+        raise ValueError(f"{op}: {what} = {value} is outside the supported range {lo}..{hi}")
+
+
+def check_devices(op: str, **tensors) -> torch.device:
+    """All given tensors are on one device that the kernels can run on; returns it.
+
+    CUDA devices run the compiled kernels, the CPU runs them under
+    ``TRITON_INTERPRET=1``, and ``meta`` tensors are accepted so that a launch can be
+    captured (for offline compilation) without running it.
+    """
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(
+                f"{op}: `{name}` is on {t.device} but `{first_name}` is on {first.device}; "
+                "every tensor argument must be on the same device"
+            )
+    device = first.device
+    if device.type == "cpu" and not (_arch.is_interpreter() or _arch.CAPTURING_LAUNCHES):
+        raise ValueError(
+            f"{op}: tensors are on the CPU; the kernels run on a CUDA device "
+            "(or on the CPU under TRITON_INTERPRET=1)"
+        )
+    if device.type not in ("cuda", "cpu", "meta"):
+        raise ValueError(f"{op}: tensors are on {device}; expected a CUDA device")
+    return device
+
+
+def check_initial_state(op: str, initial_state, expected, dims: str = "[N, H, K, V]") -> None:
+    """``initial_state`` is None or a float32 tensor of the expected shape."""
+    if initial_state is None:
+        return
+    check_tensor(op, "initial_state", initial_state, (torch.float32,))
+    check_shape(op, "initial_state", initial_state, expected, dims)
+
+
+# id(tensor) -> (weakref to it, its version counter when checked, validated host copy)
+_checked_offsets: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def _tensor_version(t: torch.Tensor):
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors keep no version counter: never cache them
+        return None
+
+
+def _cached_host_offsets(cu_seqlens: torch.Tensor):
+    entry = _checked_offsets.get(id(cu_seqlens))
+    if entry is None:
+        return None
+    ref, version, host = entry
+    if ref() is cu_seqlens and version is not None and version == _tensor_version(cu_seqlens):
+        return host
+    return None
+
+
+def _remember_host_offsets(cu_seqlens: torch.Tensor, host: torch.Tensor) -> None:
+    version = _tensor_version(cu_seqlens)
+    if version is None:
+        return
+    if len(_checked_offsets) > 256:  # drop entries whose tensors are gone
+        for key in [k for k, (ref, _, _) in _checked_offsets.items() if ref() is None]:
+            del _checked_offsets[key]
+    _checked_offsets[id(cu_seqlens)] = (weakref.ref(cu_seqlens), version, host)
+
+
+def _check_offset_values(op: str, name: str, host: torch.Tensor, T: int) -> None:
+    if host.numel() < 2:
+        raise ValueError(f"{op}: `{name}` must hold at least 2 offsets [0, ..., T], got {host.numel()}")
+    if host[0].item() != 0:
+        raise ValueError(f"{op}: `{name}` must start at 0, got {name}[0] = {host[0].item()}")
+    steps = host[1:] - host[:-1]
+    if (steps < 0).any():
+        i = int(torch.nonzero(steps < 0)[0].item())
+        raise ValueError(
+            f"{op}: `{name}` must be non-decreasing, got {name}[{i}] = {host[i].item()} > "
+            f"{name}[{i + 1}] = {host[i + 1].item()}"
+        )
+    if host[-1].item() != T:
+        raise ValueError(
+            f"{op}: `{name}` must end at T = {T} (the packed sequence length), "
+            f"got {name}[-1] = {host[-1].item()}"
+        )
+
+
+def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int, device) -> torch.Tensor | None:
+    """Validate variable-length offsets; return them as a host int64 tensor (or None).
+
+    ``batch`` and ``T`` are the batch size and time length of the packed inputs, ``device``
+    the device of the other tensor arguments. See the module docstring for when this
+    syncs.
+    """
+    if cu_seqlens is None:
+        if cu_seqlens_cpu is not None:
+            raise ValueError(f"{op}: `cu_seqlens_cpu` was given without `cu_seqlens`")
+        return None
+    for name, t in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: `{name}` must be a torch.Tensor of int32 or int64, got {type(t).__name__}")
+        if t.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{op}: `{name}` must have dtype int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{op}: `{name}` must be 1-D [N + 1], got shape {_shape_str(t.shape)}")
+    if cu_seqlens.device != device:
+        raise ValueError(
+            f"{op}: `cu_seqlens` is on {cu_seqlens.device} but the inputs are on {device}; "
+            "it must be on the same device (pass a CPU copy as `cu_seqlens_cpu` to avoid a sync)"
+        )
+    if batch != 1:
+        raise ValueError(
+            f"{op}: with `cu_seqlens` the batch size must be 1 (sequences packed along T), got B = {batch}"
+        )
+    if cu_seqlens_cpu is not None:
+        if cu_seqlens_cpu.device.type != "cpu":
+            raise ValueError(f"{op}: `cu_seqlens_cpu` must be on the CPU, got {cu_seqlens_cpu.device}")
+        if cu_seqlens_cpu.numel() != cu_seqlens.numel():
+            raise ValueError(
+                f"{op}: `cu_seqlens_cpu` has {cu_seqlens_cpu.numel()} offsets but `cu_seqlens` has "
+                f"{cu_seqlens.numel()}; they must be copies of each other"
+            )
+        host = cu_seqlens_cpu.to(torch.int64)
+        _check_offset_values(op, "cu_seqlens_cpu", host, T)
+        return host
+    host = _cached_host_offsets(cu_seqlens)
+    if host is not None and int(host[-1]) != T:
+        _check_offset_values(op, "cu_seqlens", host, T)  # raises the ends-at-T error
+    if host is None:
+        if cu_seqlens.device.type == "meta":
+            raise ValueError(f"{op}: `cu_seqlens` on the meta device needs `cu_seqlens_cpu` with its values")
+        host = cu_seqlens.detach().to("cpu", torch.int64)
+        _check_offset_values(op, "cu_seqlens", host, T)
+        _remember_host_offsets(cu_seqlens, host)
+    return host
