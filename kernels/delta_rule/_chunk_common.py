@@ -1,0 +1,158 @@
+"""Pieces shared by the chunked delta-rule kernels: chunk coordinates, gate decay, configs.
+
+Every chunk-parallel kernel is launched over (chunk, value head[, value block]) flattened
+onto grid axis 0. A chunk is found either directly (equal-length sequences: sequence
+``n = chunk // NT``) or through the varlen table of ``kernels._utils.chunk_map``.
+
+Per-chunk states ``h`` live in a buffer of "slots", one slot per chunk. For equal-length
+sequences the slot is the flat chunk index. For packed sequences it is
+``bos // BT + n + c`` (first token, sequence index, chunk within the sequence): that is
+one-to-one over the chunks of all sequences and stays below ``T // BT + N``, so neither the
+state pass nor the chunk kernels need a host-built table of per-sequence chunk offsets.
+(Proof: the last slot of sequence ``n`` is ``bos_n // BT + n + ceil(len_n / BT) - 1``, and
+``bos_n // BT + ceil(len_n / BT) <= (bos_n + len_n) // BT + 1 = bos_{n+1} // BT + 1``, so it is
+below the first slot ``bos_{n+1} // BT + n + 1`` of sequence ``n + 1``.)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _arch
+from .._utils import block_size
+
+CHUNK = 64  # BT: tokens per chunk
+L2NORM_EPS = tl.constexpr(1e-6)  # use_qk_l2norm_in_kernel: y = x / sqrt(sum(x^2) + eps)
+
+
+# Triton 3.6's interpreter multiplies the raw bit patterns of bf16 dot operands; under it,
+# `mm` upcasts them first. Compiled code never takes that branch.
+_INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def mm(a, b):
+    """``a @ b`` accumulated in fp32; fp32 operands take three-pass tf32 (near-fp32 products)."""
+    if _INTERPRETING:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b, input_precision="tf32x3")
+
+
+def state_slots(T: int, num_sequences: int, varlen: bool) -> int:
+    """Number of per-chunk state slots (see the module docstring)."""
+    if varlen:
+        return T // CHUNK + num_sequences
+    return num_sequences * triton.cdiv(T, CHUNK)
+
+
+@triton.jit
+def chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """For launch row ``i_chunk`` (int64): sequence, first token of the chunk, end of the sequence, state slot."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_map + i_chunk * 2).to(tl.int64)
+        i_c = tl.load(chunk_map + i_chunk * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        slot = bos // BT + i_n + i_c
+    else:
+        NT = tl.cdiv(T, BT)
+        i_n = i_chunk // NT
+        i_c = i_chunk % NT
+        bos = i_n * T
+        eos = bos + T
+        slot = i_chunk
+    return i_n, bos + i_c * BT, eos, slot
+
+
+@triton.jit
+def sequence_span(i_n, cu_seqlens, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """For sequence ``i_n`` (int64): first token, end token, state slot of its first chunk."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        slot0 = bos // BT + i_n
+    else:
+        bos = i_n * T
+        eos = bos + T
+        slot0 = i_n * tl.cdiv(T, BT)
+    return bos, eos, slot0
+
+
+@triton.jit
+def masked_exp(diff, mask):
+    """``exp(diff)`` where ``mask``, else 0.
+
+    The difference is replaced under the mask before ``exp``: the masked-out entries are
+    the ones whose log-decay difference is positive (a later minus an earlier cumulative
+    gate), which overflow for strong decay.
+    """
+    return tl.where(mask, tl.exp(tl.where(mask, diff, 0.0)), 0.0)
+
+
+@triton.jit
+def load_gate_chunk(G, t0, n_valid, i_hv, HV: tl.constexpr, BT: tl.constexpr):
+    """Chunk-local cumulative gates G [BT] (0 past the sequence end) and G at the chunk's last token."""
+    rows = tl.arange(0, BT)
+    b_G = tl.load(G + (t0 + rows) * HV + i_hv, mask=rows < n_valid, other=0.0)
+    b_G_last = tl.load(G + (t0 + n_valid - 1) * HV + i_hv)
+    return b_G, b_G_last
+
+
+@dataclass(frozen=True)
+class Configs:
+    """Block sizes, warps and pipeline stages of every kernel, for one (K, V, dtype, arch)."""
+
+    BK_full: int  # the whole key dim as one tile (state passes)
+    BK: int  # key block of the chunk kernels
+    BV: int  # value block of the chunk kernels
+    BV_state: int  # value block of the forward state pass (one program per value block)
+    BV_state_bwd: int  # value block of the backward state pass
+    warps_prepare: int
+    warps_state: int
+    stages_state: int
+    warps_output: int
+    warps_grad: int
+    stages_grad: int
+
+
+def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:
+    """Configs from the *target* arch's shared-memory budget (kernels/README.md).
+
+    The state passes hold a [K, BV] fp32 state in registers and read [BT, K] tiles each
+    chunk; their shared memory grows with K * BV, so the value block shrinks for wide keys
+    and for the 100 KB parts (sm86, sm89, sm120). Offline compiles of every kernel at
+    K = V = 64, 128, 256 in bf16 and fp32 for sm80/86/89/90/100/120 checked these fit.
+    """
+    arch = _arch.target_arch() if arch is None else arch
+    small_smem = _arch.shared_memory_limit(arch) < 150_000
+    wide = dtype == torch.float32
+    BK_full = block_size(K)
+    BV_full = block_size(V)
+    BK = min(64, BK_full)
+    BV = min(64, BV_full)
+    if BK_full <= 64:
+        bv_state = 64
+    elif BK_full <= 128:
+        bv_state = 32 if (small_smem and wide) else 64
+    else:
+        bv_state = 16 if (small_smem and wide) else 32
+    bv_state = min(bv_state, BV_full)
+    bv_state_bwd = min(bv_state, 32 if BK_full > 64 else 64, BV_full)
+    return Configs(
+        BK_full=BK_full,
+        BK=BK,
+        BV=BV,
+        BV_state=bv_state,
+        BV_state_bwd=bv_state_bwd,
+        warps_prepare=4,
+        warps_state=4,
+        stages_state=1 if small_smem else 2,
+        warps_output=4,
+        warps_grad=8,
+        stages_grad=1,
+    )

@@ -1,0 +1,334 @@
+"""Backward kernels of the chunked (gated) delta rule: reverse state pass, chunk gradients.
+
+The derivation is in ``kernels/delta_rule/chunk.py``. Two or three launches:
+
+1. ``state_grad_kernel``, one program per (sequence, value head, value block), walking the
+   chunks backwards with dh (the gradient of the state leaving the chunk) in registers:
+   stores dh per chunk and the gradient of the pseudo-values, and d initial_state.
+2. ``chunk_grad_kernel``, one program per (chunk, value head): dv, dbeta, dg, and dq, dk
+   with respect to the (normalised) q, k of the recurrence.
+3. ``qk_grad_finalize_kernel``, only for grouped value heads or
+   ``use_qk_l2norm_in_kernel``: sums dq, dk over the value heads of each key head and
+   takes them back through the l2 norm.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._utils import empty
+from ._chunk_common import CHUNK, chunk_coords, load_gate_chunk, masked_exp, mm, sequence_span
+
+
+@triton.jit
+def state_grad_kernel(
+    q, k, w, G, rq, rk, do, dht, dh, dvn, dh0,
+    cu_seqlens, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = (pid % NV).to(tl.int32)
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, slot0 = sequence_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
+    NT = tl.cdiv(eos - bos, BT)
+    rows = tl.arange(0, BT)
+    DT = k.dtype.element_ty
+
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_dh += tl.load(p_dht, boundary_check=(0, 1), padding_option="zero")
+    for i_rev in range(0, NT):
+        i_c = NT - 1 - i_rev
+        t0 = bos + i_c * BT
+        n_valid = tl.minimum(eos - t0, BT)
+        valid = rows < n_valid
+        p_dh = tl.make_block_ptr(dh + ((slot0 + i_c) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh, b_dh.to(DT), boundary_check=(0, 1))
+
+        p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_do = tl.make_block_ptr(do + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+
+        # row factors: k_j -> k_j (rk_j) e^{G_C - G_j} for the state; q_i -> scale (rq_i) e^{G_i}
+        b_kf = tl.where(valid, 1.0, 0.0)
+        b_qf = tl.zeros([BT], dtype=tl.float32) + scale
+        if L2NORM:
+            b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+            b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+            b_kf = b_kf * b_rk
+            b_qf = b_qf * b_rq
+        # transposed causal intra-chunk attention: At[j, i] = scale q_i . k_j Gamma_ij, j <= i
+        causal_t = (rows[:, None] <= rows[None, :]) & valid[None, :]
+        b_At = mm(b_k, tl.trans(b_q)) * b_kf[:, None] * b_qf[None, :]
+        if USE_G:
+            b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
+            b_At = b_At * masked_exp(b_G[None, :] - b_G[:, None], causal_t)
+            b_kf = b_kf * masked_exp(b_G_last - b_G, valid)
+            b_qf = b_qf * tl.exp(b_G)
+        b_At = tl.where(causal_t, b_At, 0.0)
+
+        # d(pseudo-values) = At dO + (K * e^{G_C - G}) dh
+        b_dvn = mm(b_At.to(DT), b_do) + mm((b_k * b_kf[:, None]).to(DT), b_dh.to(DT))
+        p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        tl.store(p_dvn, b_dvn.to(p_dvn.dtype.element_ty), boundary_check=(0, 1))
+
+        # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)
+        if USE_G:
+            b_dh = b_dh * tl.exp(b_G_last)
+        b_dh += mm(tl.trans((b_q * b_qf[:, None]).to(DT)), b_do) - mm(tl.trans(b_w), b_dvn.to(DT))
+
+    if STORE_DH0:
+        p_dh0 = tl.make_block_ptr(dh0 + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_dh0, b_dh, boundary_check=(0, 1))
+
+
+@triton.jit
+def chunk_grad_kernel(
+    q, k, v, G, beta, L, h, dh, vn, dvn, do, rq, rk,
+    dq, dk, dv, dbeta, dg,
+    cu_seqlens, chunk_map, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    NK: tl.constexpr = (K + BK - 1) // BK
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_chunk = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
+    n_valid = tl.minimum(eos - t0, BT)
+    rows = tl.arange(0, BT)
+    valid = rows < n_valid
+    DT = k.dtype.element_ty
+    h_base = h + (slot * HV + i_hv) * K * V
+    dh_base = dh + (slot * HV + i_hv) * K * V
+
+    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
+    b_L = tl.load(p_L, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_Ld = b_L.to(DT)
+    causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
+    strict = (rows[:, None] > rows[None, :]) & valid[:, None]
+    b_rq = tl.where(valid, 1.0, 0.0)
+    b_rk = tl.where(valid, 1.0, 0.0)
+    if L2NORM:
+        b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+        b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+    if USE_G:
+        b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
+        b_eG = tl.where(valid, tl.exp(b_G), 0.0)
+        b_eGC = masked_exp(b_G_last - b_G, valid)
+        decay_causal = masked_exp(b_G[:, None] - b_G[None, :], causal)
+        decay_strict = tl.where(strict, decay_causal, 0.0)
+    else:
+        b_eG = tl.where(valid, 1.0, 0.0)
+        b_eGC = b_eG
+        decay_causal = tl.where(causal, 1.0, 0.0)
+        decay_strict = tl.where(strict, 1.0, 0.0)
+
+    # Phase 1, over value blocks: dT = dU' Vt^T with Vt = V - (K e^G) h, dP = dO U'^T,
+    # dv = diag(beta) L^T dU' (U' the pseudo-values).
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dP = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kg = b_rk * b_eG
+    for i_v in range(NV):
+        p_v = tl.make_block_ptr(v + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        p_do = tl.make_block_ptr(do + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        b_vt = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+        b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
+        b_dvn = tl.load(p_dvn, boundary_check=(0, 1), padding_option="zero").to(DT)
+        for i_k in range(NK):
+            p_k = tl.make_block_ptr(k + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+            p_h = tl.make_block_ptr(h_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+            b_h = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")
+            b_vt -= mm((b_k * b_kg[:, None]).to(DT), b_h)
+        b_dT += mm(b_dvn, tl.trans(b_vt.to(DT)))
+        b_dP += mm(b_do, tl.trans(b_vn))
+        b_dv = mm(tl.trans(b_Ld), b_dvn) * b_beta[:, None]
+        p_dv = tl.make_block_ptr(dv + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+
+    # Through T = L diag(beta), L = (I + A)^{-1}: dbeta_j += sum_i dT_ij L_ij,
+    # dL = dT diag(beta), dA = -L^T dL L^T on the strictly lower part.
+    b_dbeta_T = tl.sum(b_dT * b_L, axis=0)
+    b_dA = -mm(mm(tl.trans(b_L), b_dT * b_beta[None, :]), tl.trans(b_L))
+    b_Dp = tl.where(strict, b_dA * decay_strict, 0.0)  # dA * Gamma: dA_ij / (beta_i k_i . k_j)
+    b_dPs = b_dP * decay_causal * scale  # dO U'^T * Gamma * scale: dP_ij / (q_i . k_j)
+    # dot operands, with the inverse norms of the k (or q) rows they multiply folded in
+    m_dq = (b_dPs * b_rk[None, :]).to(DT)
+    m_dk1 = (b_dPs * b_rq[:, None]).to(DT)
+    m_dk4a = (b_Dp * b_rk[None, :]).to(DT)
+    m_dk4b = (b_Dp * (b_beta * b_rk)[:, None]).to(DT)
+
+    # Phase 2, over key blocks: dq, dk; row dots for dbeta and dg.
+    b_dbeta_A = tl.zeros([BT], dtype=tl.float32)
+    b_dG = tl.zeros([BT], dtype=tl.float32)
+    b_kdk2 = tl.zeros([BT], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(NK):
+        b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dk2 = tl.zeros([BT, BK], dtype=tl.float32)
+        for i_v in range(NV):
+            p_do = tl.make_block_ptr(do + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+            p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+            p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+            p_h = tl.make_block_ptr(h_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            p_dh = tl.make_block_ptr(dh_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+            b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
+            b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
+            b_dvn = tl.load(p_dvn, boundary_check=(0, 1), padding_option="zero").to(DT)
+            b_h = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")
+            b_dh = tl.load(p_dh, boundary_check=(0, 1), padding_option="zero")
+            b_dqh += mm(b_do, tl.trans(b_h))
+            b_dw += mm(b_dvn, tl.trans(b_h))
+            b_dk2 += mm(b_vn, tl.trans(b_dh))
+            if USE_G:
+                b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+        p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        p_k = tl.make_block_ptr(k + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+
+        # gradients with respect to the q, k the recurrence sees (normalised under L2NORM)
+        b_dqh = b_dqh * (scale * b_eG)[:, None]
+        b_dq = b_dqh + mm(m_dq, b_k)
+        b_dk1 = mm(tl.trans(m_dk1), b_q)
+        b_dk2 = b_dk2 * b_eGC[:, None]
+        b_dk3 = mm(tl.trans(b_Ld), b_dw.to(DT)) * (b_beta * b_eG)[:, None]
+        b_dk4a = mm(m_dk4a, b_k)
+        b_dk4b = mm(tl.trans(m_dk4b), b_k)
+        b_dk = b_dk1 + b_dk2 - b_dk3 + b_dk4a * b_beta[:, None] + b_dk4b
+
+        b_kn = b_k.to(tl.float32) * b_rk[:, None]
+        b_dbeta_A += tl.sum(b_kn * b_dk4a, axis=1)
+        if USE_G:
+            b_qn = b_q.to(tl.float32) * b_rq[:, None]
+            b_QK += mm(b_q, tl.trans(b_k))
+            b_kdk2 += tl.sum(b_kn * b_dk2, axis=1)
+            b_dG += tl.sum(b_qn * b_dqh, axis=1) - tl.sum(b_kn * (b_dk3 + b_dk4b - b_dk4a * b_beta[:, None]), axis=1)
+
+        p_dq = tl.make_block_ptr(dq + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        p_dk = tl.make_block_ptr(dk + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
+
+    tl.store(dbeta + (t0 + rows) * HV + i_hv, b_dbeta_T + b_dbeta_A, mask=valid)
+    if USE_G:
+        # The P terms as row sum minus column sum of dP_ij P_ij over j < i: the diagonal
+        # (no gate dependence) would cancel, but only up to rounding of O(1) terms.
+        b_M = tl.where(strict, b_dPs * b_QK * b_rq[:, None] * b_rk[None, :], 0.0)
+        b_dG += tl.sum(b_M, axis=1) - tl.sum(b_M, axis=0)
+        # G is a chunk-local cumsum of g: dg_t = sum_{s >= t} dG_s. The next-state decay
+        # e^{G_C - G_i} depends on g_t for i < t <= C: an exclusive prefix sum, formed
+        # directly rather than as a difference of sums. e^{G_C} <dh, h> reaches every g_t.
+        b_dg = tl.cumsum(tl.where(valid, b_dG, 0.0), axis=0, reverse=True)
+        b_dg += tl.sum(tl.where(rows[:, None] < rows[None, :], b_kdk2[:, None], 0.0), axis=0)
+        b_dg += tl.exp(b_G_last) * tl.sum(b_hdh, axis=0)
+        tl.store(dg + (t0 + rows) * HV + i_hv, b_dg, mask=valid)
+
+
+@triton.jit
+def qk_grad_finalize_kernel(
+    q, k, rq, rk, dq_part, dk_part, dq, dk, n_tokens,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    BTOK: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
+):
+    """Sum the per-value-head dq, dk of each key head; under L2NORM, dx = r (dy - y (y . dy))."""
+    pid = tl.program_id(0).to(tl.int64)
+    i_t = pid // H
+    i_h = pid % H
+    toks = i_t * BTOK + tl.arange(0, BTOK)
+    cols = tl.arange(0, BK)
+    mask = (toks < n_tokens)[:, None] & (cols < K)[None, :]
+    part = (toks[:, None] * HV + i_h * (HV // H)) * K + cols[None, :]
+    out = (toks[:, None] * H + i_h) * K + cols[None, :]
+    b_dq = tl.zeros([BTOK, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BTOK, BK], dtype=tl.float32)
+    for j in range(HV // H):
+        b_dq += tl.load(dq_part + part + j * K, mask=mask, other=0.0)
+        b_dk += tl.load(dk_part + part + j * K, mask=mask, other=0.0)
+    if L2NORM:
+        b_rq = tl.load(rq + toks * H + i_h, mask=toks < n_tokens, other=0.0)
+        b_rk = tl.load(rk + toks * H + i_h, mask=toks < n_tokens, other=0.0)
+        b_yq = tl.load(q + out, mask=mask, other=0.0).to(tl.float32) * b_rq[:, None]
+        b_yk = tl.load(k + out, mask=mask, other=0.0).to(tl.float32) * b_rk[:, None]
+        b_dq = (b_dq - b_yq * tl.sum(b_yq * b_dq, axis=1)[:, None]) * b_rq[:, None]
+        b_dk = (b_dk - b_yk * tl.sum(b_yk * b_dk, axis=1)[:, None]) * b_rk[:, None]
+    tl.store(dq + out, b_dq.to(dq.dtype.element_ty), mask=mask)
+    tl.store(dk + out, b_dk.to(dk.dtype.element_ty), mask=mask)
+
+
+def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_map, num_seqs,
+              l2norm, saved, cfg):
+    """Launch the backward kernels; returns ``(dq, dk, dv, dg, dbeta, d_initial_state)``."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = CHUNK
+    varlen = cu_seqlens is not None
+    n_chunks = chunk_map.shape[0] if varlen else B * triton.cdiv(T, BT)
+    use_g = g is not None
+    dt = q.dtype
+    flags = dict(USE_G=use_g, L2NORM=l2norm, IS_VARLEN=varlen)
+    h = saved["h"]
+
+    dh = empty(h.shape, dt, q.device)
+    dvn = empty((B, T, HV, V), dt, q.device)
+    dh0 = empty(initial_state.shape, torch.float32, q.device) if initial_state is not None else None
+    state_grad_kernel[(num_seqs * HV * triton.cdiv(V, cfg.BV_state_bwd),)](
+        q, k, saved["w"], saved["G"], saved["rq"], saved["rk"], do, dht, dh, dvn, dh0,
+        cu_seqlens, T, scale,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.BV_state_bwd,
+        USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
+        num_warps=cfg.warps_state, num_stages=cfg.stages_state, **flags,
+    )
+
+    direct = HV == H and not l2norm  # dq, dk need neither a head sum nor the norm's backward
+    qk_dtype = dt if direct else torch.float32
+    dq_heads = empty((B, T, HV, K), qk_dtype, q.device)
+    dk_heads = empty((B, T, HV, K), qk_dtype, q.device)
+    dv = empty(v.shape, v.dtype, q.device)
+    dbeta = empty(beta.shape, beta.dtype, q.device)
+    dg = empty(g.shape, g.dtype, q.device) if use_g else None
+    if n_chunks > 0:
+        chunk_grad_kernel[(n_chunks * HV,)](
+            q, k, v, saved["G"], beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"],
+            dq_heads, dk_heads, dv, dbeta, dg,
+            cu_seqlens, chunk_map, T, scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV,
+            num_warps=cfg.warps_grad, num_stages=cfg.stages_grad, **flags,
+        )
+    if direct:
+        dq, dk = dq_heads, dk_heads
+    else:
+        dq, dk = empty(q.shape, dt, q.device), empty(k.shape, dt, q.device)
+        n_tokens = B * T
+        BTOK = 32 if cfg.BK_full <= 128 else 16
+        if n_tokens > 0:
+            qk_grad_finalize_kernel[(triton.cdiv(n_tokens, BTOK) * H,)](
+                q, k, saved["rq"], saved["rk"], dq_heads, dk_heads, dq, dk, n_tokens,
+                H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4,
+            )
+    return dq, dk, dv, dg, dbeta, dh0

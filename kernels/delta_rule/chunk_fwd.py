@@ -1,0 +1,289 @@
+"""Forward kernels of the chunked (gated) delta rule: WY prepare, state pass, output.
+
+The math and its derivation are in ``kernels/delta_rule/chunk.py``. Three launches:
+
+1. ``prepare_wy_kernel``, one program per (chunk, value head): chunk-local gate cumsum G,
+   A = strictly-lower(diag(beta) K K^T * Gamma), its inverse L = (I + A)^{-1}, and
+   W = L diag(beta e^G) K, U = L diag(beta) V (also the key inverse norms under
+   ``use_qk_l2norm_in_kernel``).
+2. ``state_pass_kernel``, one program per (sequence, value head, value block), walking the
+   chunks in order with the [K, BV] state in registers: stores each chunk's incoming
+   state h and the pseudo-values U - W h.
+3. ``output_kernel``, one program per (chunk, value head, value block): the inter-chunk
+   read of h and the causal intra-chunk attention over the pseudo-values.
+
+Without a gate (``USE_G = False``) the same kernels compute the plain delta rule.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._utils import empty
+from ._chunk_common import (
+    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, masked_exp, mm, sequence_span, state_slots,
+)
+
+
+@triton.jit
+def unit_lower_inverse(A, BT: tl.constexpr):
+    """(I + A)^{-1} for a strictly lower-triangular fp32 [BT, BT] tile A (BT a multiple of 16).
+
+    The 16 x 16 diagonal blocks are inverted together, by forward substitution on a
+    [BT/16, 16, 16] view. With D that block-diagonal inverse and A_o the part of A below
+    the diagonal blocks, I + A = (I + A_d)(I + D A_o), and N = D A_o is strictly
+    block-lower over at most four blocks (BT = 64), so N^4 = 0 and
+    (I + A)^{-1} = (I - N)(I + N^2) D: four fp32 tensor-core products.
+    """
+    NB: tl.constexpr = BT // 16
+    blk = tl.arange(0, NB)
+    r16 = tl.arange(0, 16)
+    same_block = blk[:, None, None, None] == blk[None, None, :, None]
+    Ad = tl.sum(tl.where(same_block, tl.reshape(A, (NB, 16, NB, 16)), 0.0), axis=2)
+    row3 = r16[None, :, None]
+    X = tl.where(row3 == r16[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), tl.float32)
+    for i in tl.static_range(1, 16):
+        # row i of each block: e_i - sum_{c < i} A_d[i, c] X[c, :], rows c < i already final
+        a_i = tl.sum(tl.where(row3 == i, Ad, 0.0), axis=1)
+        x_i = tl.where(r16[None, :] == i, 1.0, 0.0) - tl.sum(a_i[:, :, None] * X, axis=1)
+        X = tl.where(row3 == i, x_i[:, None, :], X)
+    D = tl.reshape(tl.where(same_block, X[:, :, None, :], 0.0), (BT, BT))
+    rows = tl.arange(0, BT)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    A_o = tl.where(rows[:, None] // 16 > rows[None, :] // 16, A, 0.0)
+    N = mm(D, A_o)
+    N2 = mm(N, N)
+    return mm(mm(eye - N, eye + N2), D)
+
+
+@triton.jit
+def prepare_wy_kernel(
+    k, v, g, beta, L, w, u, G, rk,
+    cu_seqlens, chunk_map, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_L: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    i_chunk = pid // HV
+    i_hv = pid % HV
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
+    n_valid = tl.minimum(eos - t0, BT)
+    rows = tl.arange(0, BT)
+    valid = rows < n_valid
+    DT = k.dtype.element_ty
+
+    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    b_kscale = b_beta
+    if USE_G:
+        b_G = tl.cumsum(tl.load(g + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32), axis=0)
+        tl.store(G + (t0 + rows) * HV + i_hv, b_G, mask=valid)
+        b_kscale = b_kscale * tl.exp(b_G)
+
+    k_base = k + (t0 * H + i_h) * K
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_ss = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_base, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_A += mm(b_k, tl.trans(b_k))
+        if L2NORM:
+            b_kf = b_k.to(tl.float32)
+            b_ss += tl.sum(b_kf * b_kf, axis=1)
+    if L2NORM:
+        b_rk = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
+        # every value head of the group computes the same norms; the first one stores them
+        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=valid & (i_hv % (HV // H) == 0))
+        b_A = b_A * b_rk[:, None] * b_rk[None, :]
+        b_kscale = b_kscale * b_rk
+
+    strict = (rows[:, None] > rows[None, :]) & valid[:, None]
+    if USE_G:
+        b_A = b_A * masked_exp(b_G[:, None] - b_G[None, :], strict)
+    b_A = tl.where(strict, b_A * b_beta[:, None], 0.0)
+    b_L = unit_lower_inverse(b_A, BT)
+    if STORE_L:
+        p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
+        tl.store(p_L, b_L.to(DT), boundary_check=(0, 1))
+    b_Ld = b_L.to(DT)
+
+    for i_k in range(tl.cdiv(K, BK)):
+        p_k = tl.make_block_ptr(k_base, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_w = mm(b_Ld, (b_k * b_kscale[:, None]).to(DT))
+        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        tl.store(p_w, b_w.to(DT), boundary_check=(0, 1))
+    for i_v in range(tl.cdiv(V, BV)):
+        p_v = tl.make_block_ptr(v + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+        b_u = mm(b_Ld, (b_v * b_beta[:, None]).to(DT))
+        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        tl.store(p_u, b_u.to(DT), boundary_check=(0, 1))
+
+
+@triton.jit
+def state_pass_kernel(
+    k, w, u, G, rk, h0, h, vn, ht,
+    cu_seqlens, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = (pid % NV).to(tl.int32)
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos, eos, slot0 = sequence_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
+    NT = tl.cdiv(eos - bos, BT)
+    rows = tl.arange(0, BT)
+    DT = k.dtype.element_ty
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        b_h += tl.load(p_h0, boundary_check=(0, 1), padding_option="zero")
+    for i_c in range(0, NT):
+        t0 = bos + i_c * BT
+        n_valid = tl.minimum(eos - t0, BT)
+        valid = rows < n_valid
+        p_h = tl.make_block_ptr(h + ((slot0 + i_c) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_h, b_h.to(DT), boundary_check=(0, 1))
+
+        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
+        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        p_kt = tl.make_block_ptr(k + (t0 * H + i_h) * K, (K, n_valid), (1, H * K), (0, 0), (BK, BT), (0, 1))
+        b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
+        b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero")
+        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+
+        # pseudo-values of the chunk: U - W h
+        b_vn = b_u.to(tl.float32) - mm(b_w, b_h.to(DT))
+        p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+        tl.store(p_vn, b_vn.to(DT), boundary_check=(0, 1))
+
+        # h <- e^{G_C} h + (K * e^{G_C - G})^T (U - W h)
+        if USE_G:
+            b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
+            b_vn = b_vn * masked_exp(b_G_last - b_G, valid)[:, None]
+            b_h = b_h * tl.exp(b_G_last)
+        if L2NORM:
+            b_vn = b_vn * tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)[:, None]
+        b_h += mm(b_kt, b_vn.to(DT))
+
+    if STORE_HT:
+        p_ht = tl.make_block_ptr(ht + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_ht, b_h, boundary_check=(0, 1))
+
+
+@triton.jit
+def output_kernel(
+    q, k, vn, h, G, rk, rq, o,
+    cu_seqlens, chunk_map, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = (pid % NV).to(tl.int32)
+    i_chunk = (pid // NV) // HV
+    i_hv = (pid // NV) % HV
+    i_h = i_hv // (HV // H)
+    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
+    n_valid = tl.minimum(eos - t0, BT)
+    rows = tl.arange(0, BT)
+    valid = rows < n_valid
+    DT = q.dtype.element_ty
+
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_ss = tl.zeros([BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+        p_kt = tl.make_block_ptr(k + (t0 * H + i_h) * K, (K, n_valid), (1, H * K), (i_k * BK, 0), (BK, BT), (0, 1))
+        p_h = tl.make_block_ptr(h + (slot * HV + i_hv) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
+        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+        b_h = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")
+        b_o += mm(b_q, b_h)
+        b_A += mm(b_q, b_kt)
+        if L2NORM:
+            b_qf = b_q.to(tl.float32)
+            b_ss += tl.sum(b_qf * b_qf, axis=1)
+
+    if L2NORM:
+        b_rq = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
+        first = (i_v == 0) & (i_hv % (HV // H) == 0)
+        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=valid & first)
+        b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+        b_o = b_o * b_rq[:, None]
+        b_A = b_A * b_rq[:, None] * b_rk[None, :]
+    causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
+    if USE_G:
+        b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
+        b_o = b_o * tl.exp(b_G)[:, None]
+        b_A = b_A * masked_exp(b_G[:, None] - b_G[None, :], causal)
+    b_A = tl.where(causal, b_A, 0.0)
+
+    p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+    b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
+    b_o = (b_o + mm(b_A.to(DT), b_vn)) * scale
+    p_o = tl.make_block_ptr(o + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+    tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
+
+
+def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map,
+              num_seqs, l2norm, keep_for_backward, cfg):
+    """Launch the three forward kernels; returns ``(o, final_state, saved)``.
+
+    ``saved`` holds what the backward reads (None entries where not needed): the cumulative
+    gates G, the inverse L, W, the per-chunk states h, the pseudo-values, and the inverse
+    norms of q and k.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    BT = CHUNK
+    varlen = cu_seqlens is not None
+    n_chunks = chunk_map.shape[0] if varlen else B * triton.cdiv(T, BT)
+    use_g = g is not None
+    dt = q.dtype
+    G = empty((B, T, HV), torch.float32, q.device) if use_g else None
+    L = empty((B, T, HV, BT), dt, q.device) if keep_for_backward else None
+    rk = empty((B, T, H), torch.float32, q.device) if l2norm else None
+    rq = empty((B, T, H), torch.float32, q.device) if l2norm else None
+    w = empty((B, T, HV, K), dt, q.device)
+    u = empty((B, T, HV, V), dt, q.device)
+    flags = dict(USE_G=use_g, L2NORM=l2norm, IS_VARLEN=varlen)
+    if n_chunks > 0:
+        prepare_wy_kernel[(n_chunks * HV,)](
+            k, v, g, beta, L, w, u, G, rk, cu_seqlens, chunk_map, T,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, STORE_L=keep_for_backward,
+            num_warps=cfg.warps_prepare, **flags,
+        )
+
+    h = empty((state_slots(T, num_seqs, varlen), HV, K, V), dt, q.device)
+    vn = empty((B, T, HV, V), dt, q.device)
+    final_state = empty((num_seqs, HV, K, V), torch.float32, q.device) if output_final_state else None
+    state_pass_kernel[(num_seqs * HV * triton.cdiv(V, cfg.BV_state),)](
+        k, w, u, G, rk, initial_state, h, vn, final_state, cu_seqlens, T,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.BV_state,
+        USE_H0=initial_state is not None, STORE_HT=output_final_state,
+        num_warps=cfg.warps_state, num_stages=cfg.stages_state, **flags,
+    )
+
+    o = empty((B, T, HV, V), v.dtype, q.device)
+    if n_chunks > 0:
+        output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.BV),)](
+            q, k, vn, h, G, rk, rq, o, cu_seqlens, chunk_map, T, scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV,
+            num_warps=cfg.warps_output, **flags,
+        )
+    saved = dict(G=G, L=L, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
+    return o, final_state, saved
