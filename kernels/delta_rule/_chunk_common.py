@@ -85,18 +85,22 @@ def sequence_span(i_n, cu_seqlens, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr)
 
 @triton.jit
 def masked_exp(diff, mask):
-    """``exp(diff)`` where ``mask``, else 0.
+    """``exp(diff)`` where ``mask``, else 0, for a float64 difference of cumulative gates.
 
     The difference is replaced under the mask before ``exp``: the masked-out entries are
     the ones whose log-decay difference is positive (a later minus an earlier cumulative
     gate), which overflow for strong decay.
     """
-    return tl.where(mask, tl.exp(tl.where(mask, diff, 0.0)), 0.0)
+    return tl.where(mask, tl.exp(tl.where(mask, diff, 0.0).to(tl.float32)), 0.0)
 
 
 @triton.jit
 def load_gate_chunk(G, t0, n_valid, i_hv, HV: tl.constexpr, BT: tl.constexpr):
-    """Chunk-local cumulative gates G [BT] (0 past the sequence end) and G at the chunk's last token."""
+    """Chunk-local cumulative gates G [BT] (0 past the sequence end) and G at the chunk's last token.
+
+    G is kept in float64: under strong decay it reaches -1e4 within a chunk, where a
+    float32 ulp (1e-3) would make every ``exp(G_i - G_j)`` off by that much, relatively.
+    """
     rows = tl.arange(0, BT)
     b_G = tl.load(G + (t0 + rows) * HV + i_hv, mask=rows < n_valid, other=0.0)
     b_G_last = tl.load(G + (t0 + n_valid - 1) * HV + i_hv)

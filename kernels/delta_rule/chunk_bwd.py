@@ -79,7 +79,7 @@ def state_grad_kernel(
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
             b_At = b_At * masked_exp(b_G[None, :] - b_G[:, None], causal_t)
             b_kf = b_kf * masked_exp(b_G_last - b_G, valid)
-            b_qf = b_qf * tl.exp(b_G)
+            b_qf = b_qf * tl.exp(b_G.to(tl.float32))
         b_At = tl.where(causal_t, b_At, 0.0)
 
         # d(pseudo-values) = At dO + (K * e^{G_C - G}) dh
@@ -89,7 +89,7 @@ def state_grad_kernel(
 
         # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)
         if USE_G:
-            b_dh = b_dh * tl.exp(b_G_last)
+            b_dh = b_dh * tl.exp(b_G_last.to(tl.float32))
         b_dh += mm(tl.trans((b_q * b_qf[:, None]).to(DT)), b_do) - mm(tl.trans(b_w), b_dvn.to(DT))
 
     if STORE_DH0:
@@ -133,7 +133,7 @@ def chunk_grad_kernel(
         b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
     if USE_G:
         b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
-        b_eG = tl.where(valid, tl.exp(b_G), 0.0)
+        b_eG = tl.where(valid, tl.exp(b_G.to(tl.float32)), 0.0)
         b_eGC = masked_exp(b_G_last - b_G, valid)
         decay_causal = masked_exp(b_G[:, None] - b_G[None, :], causal)
         decay_strict = tl.where(strict, decay_causal, 0.0)
@@ -246,7 +246,7 @@ def chunk_grad_kernel(
         # directly rather than as a difference of sums. e^{G_C} <dh, h> reaches every g_t.
         b_dg = tl.cumsum(tl.where(valid, b_dG, 0.0), axis=0, reverse=True)
         b_dg += tl.sum(tl.where(rows[:, None] < rows[None, :], b_kdk2[:, None], 0.0), axis=0)
-        b_dg += tl.exp(b_G_last) * tl.sum(b_hdh, axis=0)
+        b_dg += tl.exp(b_G_last.to(tl.float32)) * tl.sum(b_hdh, axis=0)
         tl.store(dg + (t0 + rows) * HV + i_hv, b_dg, mask=valid)
 
 

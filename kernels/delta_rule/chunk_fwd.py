@@ -79,9 +79,9 @@ def prepare_wy_kernel(
     b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
     b_kscale = b_beta
     if USE_G:
-        b_G = tl.cumsum(tl.load(g + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32), axis=0)
+        b_G = tl.cumsum(tl.load(g + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float64), axis=0)
         tl.store(G + (t0 + rows) * HV + i_hv, b_G, mask=valid)
-        b_kscale = b_kscale * tl.exp(b_G)
+        b_kscale = b_kscale * tl.exp(b_G.to(tl.float32))
 
     k_base = k + (t0 * H + i_h) * K
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
@@ -172,7 +172,7 @@ def state_pass_kernel(
         if USE_G:
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
             b_vn = b_vn * masked_exp(b_G_last - b_G, valid)[:, None]
-            b_h = b_h * tl.exp(b_G_last)
+            b_h = b_h * tl.exp(b_G_last.to(tl.float32))
         if L2NORM:
             b_vn = b_vn * tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)[:, None]
         b_h += mm(b_kt, b_vn.to(DT))
@@ -228,7 +228,7 @@ def output_kernel(
     causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
     if USE_G:
         b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
-        b_o = b_o * tl.exp(b_G)[:, None]
+        b_o = b_o * tl.exp(b_G.to(tl.float32))[:, None]
         b_A = b_A * masked_exp(b_G[:, None] - b_G[None, :], causal)
     b_A = tl.where(causal, b_A, 0.0)
 
@@ -254,7 +254,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     n_chunks = chunk_map.shape[0] if varlen else B * triton.cdiv(T, BT)
     use_g = g is not None
     dt = q.dtype
-    G = empty((B, T, HV), torch.float32, q.device) if use_g else None
+    G = empty((B, T, HV), torch.float64, q.device) if use_g else None
     L = empty((B, T, HV, BT), dt, q.device) if keep_for_backward else None
     rk = empty((B, T, H), torch.float32, q.device) if l2norm else None
     rq = empty((B, T, H), torch.float32, q.device) if l2norm else None
