@@ -714,3 +714,20 @@ def test_float32_inputs_give_float64_outputs_and_float32_gradients(case):
         if x is not None:
             assert x.grad is not None and x.grad.dtype == torch.float32, name
             assert torch.isfinite(x.grad).all(), name
+
+
+@pytest.mark.parametrize("case", ALL_CASES.values(), ids=ALL_CASES.keys())
+def test_computes_on_the_inputs_device(case):
+    """On the meta device (shapes only, no data) every tensor the op creates must land beside
+    its inputs, or mixing them raises."""
+    B, T, H, K, V = 2, 3, 2, 4, 2
+    inputs = {name: x.to("meta") for name, x in case.make(B, T, H, K, V).items()}
+    S0 = initial_state_for(case, B, H, K, V)
+    o, final = case(inputs, None if S0 is None else S0.to("meta"))
+    assert o.device.type == "meta"
+    assert final is None or final.device.type == "meta"
+    if not case.tokenwise:
+        packed = {name: x.to("meta") for name, x in case.make(1, 2 * T, H, K, V).items()}
+        o, final = case(packed, cu_seqlens=torch.tensor([0, T, T, 2 * T]))
+        assert o.device.type == "meta"
+        assert final is None or final.device.type == "meta"
