@@ -45,6 +45,12 @@ def rwkv7_inputs(B, T, H, K, V):
                 k=randn(B, T, H, K), v=randn(B, T, H, V), a=-kk, b=kk * sigmoid_randn(B, T, H, K))
 
 
+def dplr_inputs(B, T, H, K, V):
+    """rwkv7's realistic inputs under dplr_delta_rule's names (q = r, gk = w)."""
+    r, w, k, v, a, b = rwkv7_inputs(B, T, H, K, V).values()
+    return dict(q=r, k=k, v=v, a=a, b=b, gk=w)
+
+
 def causal_mask(T, strict=False):
     """visible[i, j]: j <= i (j < i when strict)."""
     return torch.ones(T, T, dtype=torch.bool).tril(-1 if strict else 0)
@@ -240,8 +246,7 @@ def kda_gva_dense(B, T, H, K, V):
 
 
 def dplr_dense(B, T, H, K, V):
-    inputs = rwkv7_inputs(B, T, H, K, V)
-    q, k, v, a, b, gk = (inputs[name] for name in ("r", "k", "v", "a", "b", "w"))
+    q, k, v, a, b, gk = dplr_inputs(B, T, H, K, V).values()
     S0 = randn(B, H, K, V)
     out = ref.dplr_delta_rule(q, k, v, a, b, gk, initial_state=S0, output_final_state=True)
     transition = torch.diag_embed(gk.exp()) + b[..., :, None] * a[..., None, :]
@@ -576,10 +581,7 @@ CASES = {
         B, T, H, K, V, ()), state_shape=gva_state),
     "kda_gva": OpCase(ref.kda, lambda B, T, H, K, V: gva_inputs(B, T, H, K, V, (K,)),
                       state_shape=gva_state),
-    "dplr_delta_rule": OpCase(ref.dplr_delta_rule, lambda B, T, H, K, V: dict(
-        (name, x) for name, x in zip(("q", "gk", "k", "v", "a", "b"),
-                                     rwkv7_inputs(B, T, H, K, V).values())),
-        state_shape=head_state),
+    "dplr_delta_rule": OpCase(ref.dplr_delta_rule, dplr_inputs, state_shape=head_state),
     "rwkv7": OpCase(ref.rwkv7, rwkv7_inputs, state_shape=head_state),
     "causal_conv1d": OpCase(ref.causal_conv1d, lambda B, T, H, K, V: dict(
         x=randn(B, T, K), weight=randn(K, CONV_WIDTH), bias=randn(K)),
