@@ -111,17 +111,25 @@ def load_gate_chunk(G, t0, n_valid, i_hv, HV: tl.constexpr, BT: tl.constexpr):
 class Configs:
     """Block sizes, warps and pipeline stages of every kernel, for one (K, V, dtype, arch)."""
 
-    BK_full: int  # the whole key dim as one tile (state passes)
-    BK: int  # key block of the chunk kernels
-    BV: int  # value block of the chunk kernels
-    BV_state: int  # value block of the forward state pass (one program per value block)
-    BV_state_bwd: int  # value block of the backward state pass
-    warps_prepare: int
-    warps_state: int
-    stages_state: int
-    warps_output: int
-    warps_grad: int
-    stages_grad: int
+    BK_full: int  # the whole key dim as one tile (the state passes hold a [K, BV] state)
+    prepare_BK: int
+    prepare_BV: int
+    prepare_warps: int
+    prepare_stages: int
+    state_BV: int
+    state_warps: int
+    state_stages: int
+    output_BK: int
+    output_BV: int
+    output_warps: int
+    output_stages: int
+    state_grad_BV: int
+    state_grad_warps: int
+    state_grad_stages: int
+    grad_BK: int
+    grad_BV: int
+    grad_warps: int
+    grad_stages: int
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:
@@ -146,17 +154,12 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     else:
         bv_state = 16 if (small_smem and wide) else 32
     bv_state = min(bv_state, BV_full)
-    bv_state_bwd = min(bv_state, 32 if BK_full > 64 else 64, BV_full)
     return Configs(
         BK_full=BK_full,
-        BK=BK,
-        BV=BV,
-        BV_state=bv_state,
-        BV_state_bwd=bv_state_bwd,
-        warps_prepare=4,
-        warps_state=4,
-        stages_state=1 if small_smem else 2,
-        warps_output=4,
-        warps_grad=8,
-        stages_grad=1,
+        prepare_BK=BK, prepare_BV=BV, prepare_warps=4, prepare_stages=2,
+        state_BV=bv_state, state_warps=4, state_stages=1 if small_smem else 2,
+        output_BK=BK, output_BV=BV, output_warps=4, output_stages=1 if (small_smem and wide) else 2,
+        state_grad_BV=min(bv_state, 32 if BK_full > 64 else 64), state_grad_warps=4,
+        state_grad_stages=1 if small_smem else 2,
+        grad_BK=BK, grad_BV=BV, grad_warps=8, grad_stages=1,
     )

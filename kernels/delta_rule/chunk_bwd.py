@@ -79,7 +79,9 @@ def state_grad_kernel(
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
             b_At = b_At * masked_exp(b_G[None, :] - b_G[:, None], causal_t)
             b_kf = b_kf * masked_exp(b_G_last - b_G, valid)
-            b_qf = b_qf * tl.exp(b_G.to(tl.float32))
+            # e^{G_0} (the chunk's first cumulative gate) comes out of both products below
+            b_G_first = tl.load(G + t0 * HV + i_hv)
+            b_qf = b_qf * masked_exp(b_G - b_G_first, valid)
         b_At = tl.where(causal_t, b_At, 0.0)
 
         # d(pseudo-values) = At dO + (K * e^{G_C - G}) dh
@@ -87,10 +89,13 @@ def state_grad_kernel(
         p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
         tl.store(p_dvn, b_dvn.to(p_dvn.dtype.element_ty), boundary_check=(0, 1))
 
-        # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)
+        # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)  (W as stored: e^{-G_0} W)
         if USE_G:
             b_dh = b_dh * tl.exp(b_G_last.to(tl.float32))
-        b_dh += mm(tl.trans((b_q * b_qf[:, None]).to(DT)), b_do) - mm(tl.trans(b_w), b_dvn.to(DT))
+        b_dh_chunk = mm(tl.trans((b_q * b_qf[:, None]).to(DT)), b_do) - mm(tl.trans(b_w), b_dvn.to(DT))
+        if USE_G:
+            b_dh_chunk = b_dh_chunk * tl.exp(b_G_first.to(tl.float32))
+        b_dh += b_dh_chunk
 
     if STORE_DH0:
         p_dh0 = tl.make_block_ptr(dh0 + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
@@ -121,9 +126,6 @@ def chunk_grad_kernel(
     dh_base = dh + (slot * HV + i_hv) * K * V
 
     b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-    p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
-    b_L = tl.load(p_L, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_Ld = b_L.to(DT)
     causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
     strict = (rows[:, None] > rows[None, :]) & valid[:, None]
     b_rq = tl.where(valid, 1.0, 0.0)
@@ -135,13 +137,18 @@ def chunk_grad_kernel(
         b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
         b_eG = tl.where(valid, tl.exp(b_G.to(tl.float32)), 0.0)
         b_eGC = masked_exp(b_G_last - b_G, valid)
-        decay_causal = masked_exp(b_G[:, None] - b_G[None, :], causal)
-        decay_strict = tl.where(strict, decay_causal, 0.0)
+        # Q K^T, for the gate gradient of P only
+        b_QK = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(NK):
+            p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
+            p_kt = tl.make_block_ptr(k + (t0 * H + i_h) * K, (K, n_valid), (1, H * K), (i_k * BK, 0), (BK, BT), (0, 1))
+            b_QK += mm(tl.load(p_q, boundary_check=(0, 1), padding_option="zero"),
+                       tl.load(p_kt, boundary_check=(0, 1), padding_option="zero"))
     else:
         b_eG = tl.where(valid, 1.0, 0.0)
         b_eGC = b_eG
-        decay_causal = tl.where(causal, 1.0, 0.0)
-        decay_strict = tl.where(strict, 1.0, 0.0)
+    p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
+    b_Ld = tl.load(p_L, boundary_check=(0, 1), padding_option="zero")
 
     # Phase 1, over value blocks: dT = dU' Vt^T with Vt = V - (K e^G) h, dP = dO U'^T,
     # dv = diag(beta) L^T dU' (U' the pseudo-values).
@@ -171,10 +178,20 @@ def chunk_grad_kernel(
 
     # Through T = L diag(beta), L = (I + A)^{-1}: dbeta_j += sum_i dT_ij L_ij,
     # dL = dT diag(beta), dA = -L^T dL L^T on the strictly lower part.
-    b_dbeta_T = tl.sum(b_dT * b_L, axis=0)
-    b_dA = -mm(mm(tl.trans(b_L), b_dT * b_beta[None, :]), tl.trans(b_L))
-    b_Dp = tl.where(strict, b_dA * decay_strict, 0.0)  # dA * Gamma: dA_ij / (beta_i k_i . k_j)
-    b_dPs = b_dP * decay_causal * scale  # dO U'^T * Gamma * scale: dP_ij / (q_i . k_j)
+    b_dbeta_T = tl.sum(b_dT * b_Ld.to(tl.float32), axis=0)
+    b_dA = -mm(mm(tl.trans(b_Ld), (b_dT * b_beta[None, :]).to(DT)).to(DT), tl.trans(b_Ld))
+    if USE_G:
+        decay = masked_exp(b_G[:, None] - b_G[None, :], causal)
+    else:
+        decay = tl.where(causal, 1.0, 0.0)
+    b_Dp = tl.where(strict, b_dA * decay, 0.0)  # dA * Gamma: dA_ij / (beta_i k_i . k_j)
+    b_dPs = b_dP * decay * scale  # dO U'^T * Gamma * scale: dP_ij / (q_i . k_j)
+    b_dG = tl.zeros([BT], dtype=tl.float32)
+    if USE_G:
+        # The P terms of dG as row sum minus column sum of dP_ij P_ij over j < i: the
+        # diagonal (no gate dependence) would cancel, but only up to rounding of O(1) terms.
+        b_M = tl.where(strict, b_dPs * b_QK * b_rq[:, None] * b_rk[None, :], 0.0)
+        b_dG += tl.sum(b_M, axis=1) - tl.sum(b_M, axis=0)
     # dot operands, with the inverse norms of the k (or q) rows they multiply folded in
     m_dq = (b_dPs * b_rk[None, :]).to(DT)
     m_dk1 = (b_dPs * b_rq[:, None]).to(DT)
@@ -183,10 +200,8 @@ def chunk_grad_kernel(
 
     # Phase 2, over key blocks: dq, dk; row dots for dbeta and dg.
     b_dbeta_A = tl.zeros([BT], dtype=tl.float32)
-    b_dG = tl.zeros([BT], dtype=tl.float32)
     b_kdk2 = tl.zeros([BT], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
-    b_QK = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(NK):
         b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
         b_dw = tl.zeros([BT, BK], dtype=tl.float32)
@@ -226,7 +241,6 @@ def chunk_grad_kernel(
         b_dbeta_A += tl.sum(b_kn * b_dk4a, axis=1)
         if USE_G:
             b_qn = b_q.to(tl.float32) * b_rq[:, None]
-            b_QK += mm(b_q, tl.trans(b_k))
             b_kdk2 += tl.sum(b_kn * b_dk2, axis=1)
             b_dG += tl.sum(b_qn * b_dqh, axis=1) - tl.sum(b_kn * (b_dk3 + b_dk4b - b_dk4a * b_beta[:, None]), axis=1)
 
@@ -237,10 +251,6 @@ def chunk_grad_kernel(
 
     tl.store(dbeta + (t0 + rows) * HV + i_hv, b_dbeta_T + b_dbeta_A, mask=valid)
     if USE_G:
-        # The P terms as row sum minus column sum of dP_ij P_ij over j < i: the diagonal
-        # (no gate dependence) would cancel, but only up to rounding of O(1) terms.
-        b_M = tl.where(strict, b_dPs * b_QK * b_rq[:, None] * b_rk[None, :], 0.0)
-        b_dG += tl.sum(b_M, axis=1) - tl.sum(b_M, axis=0)
         # G is a chunk-local cumsum of g: dg_t = sum_{s >= t} dG_s. The next-state decay
         # e^{G_C - G_i} depends on g_t for i < t <= C: an exclusive prefix sum, formed
         # directly rather than as a difference of sums. e^{G_C} <dh, h> reaches every g_t.
@@ -297,12 +307,12 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
     dh = empty(h.shape, dt, q.device)
     dvn = empty((B, T, HV, V), dt, q.device)
     dh0 = empty(initial_state.shape, torch.float32, q.device) if initial_state is not None else None
-    state_grad_kernel[(num_seqs * HV * triton.cdiv(V, cfg.BV_state_bwd),)](
+    state_grad_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_grad_BV),)](
         q, k, saved["w"], saved["G"], saved["rq"], saved["rk"], do, dht, dh, dvn, dh0,
         cu_seqlens, T, scale,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.BV_state_bwd,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.state_grad_BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        num_warps=cfg.warps_state, num_stages=cfg.stages_state, **flags,
+        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **flags,
     )
 
     direct = HV == H and not l2norm  # dq, dk need neither a head sum nor the norm's backward
@@ -317,8 +327,8 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
             q, k, v, saved["G"], beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"],
             dq_heads, dk_heads, dv, dbeta, dg,
             cu_seqlens, chunk_map, T, scale,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV,
-            num_warps=cfg.warps_grad, num_stages=cfg.stages_grad, **flags,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
+            num_warps=cfg.grad_warps, num_stages=cfg.grad_stages, **flags,
         )
     if direct:
         dq, dk = dq_heads, dk_heads

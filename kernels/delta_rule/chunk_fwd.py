@@ -28,34 +28,40 @@ from ._chunk_common import (
 
 
 @triton.jit
-def unit_lower_inverse(A, BT: tl.constexpr):
+def unit_lower_inverse(A, AT, BT: tl.constexpr, DT: tl.constexpr):
     """(I + A)^{-1} for a strictly lower-triangular fp32 [BT, BT] tile A (BT a multiple of 16).
+
+    ``AT`` is A transposed (callers form both from the same symmetric K K^T), so that a row
+    of A can be read as a column of AT without a layout conversion.
 
     The 16 x 16 diagonal blocks are inverted together, by forward substitution on a
     [BT/16, 16, 16] view. With D that block-diagonal inverse and A_o the part of A below
     the diagonal blocks, I + A = (I + A_d)(I + D A_o), and N = D A_o is strictly
     block-lower over at most four blocks (BT = 64), so N^4 = 0 and
-    (I + A)^{-1} = (I - N)(I + N^2) D: four fp32 tensor-core products.
+    (I + A)^{-1} = (I - N)(I + N^2) D: four tensor-core products, with operands in ``DT``
+    (the input dtype: L is rounded to it for every later product anyway).
     """
     NB: tl.constexpr = BT // 16
     blk = tl.arange(0, NB)
     r16 = tl.arange(0, 16)
     same_block = blk[:, None, None, None] == blk[None, None, :, None]
-    Ad = tl.sum(tl.where(same_block, tl.reshape(A, (NB, 16, NB, 16)), 0.0), axis=2)
-    row3 = r16[None, :, None]
-    X = tl.where(row3 == r16[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), tl.float32)
+    # AdT[b, c, r] = A[16 b + r, 16 b + c]
+    AdT = tl.sum(tl.where(same_block, tl.reshape(AT, (NB, 16, NB, 16)), 0.0), axis=2)
+    X = tl.where(r16[None, :, None] == r16[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), tl.float32)
     for i in tl.static_range(1, 16):
         # row i of each block: e_i - sum_{c < i} A_d[i, c] X[c, :], rows c < i already final
-        a_i = tl.sum(tl.where(row3 == i, Ad, 0.0), axis=1)
+        a_i = tl.sum(tl.where(r16[None, None, :] == i, AdT, 0.0), axis=2)
         x_i = tl.where(r16[None, :] == i, 1.0, 0.0) - tl.sum(a_i[:, :, None] * X, axis=1)
-        X = tl.where(row3 == i, x_i[:, None, :], X)
+        X = tl.where(r16[None, :, None] == i, x_i[:, None, :], X)
     D = tl.reshape(tl.where(same_block, X[:, :, None, :], 0.0), (BT, BT))
     rows = tl.arange(0, BT)
     eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
     A_o = tl.where(rows[:, None] // 16 > rows[None, :] // 16, A, 0.0)
-    N = mm(D, A_o)
-    N2 = mm(N, N)
-    return mm(mm(eye - N, eye + N2), D)
+    # the products take the input dtype (fp32: three-pass tf32), like every product of L later
+    D = D.to(DT)
+    N = mm(D, A_o.to(DT))
+    N2 = mm(N.to(DT), N.to(DT))
+    return mm(mm((eye - N).to(DT), (eye + N2).to(DT)).to(DT), D)
 
 
 @triton.jit
@@ -81,7 +87,9 @@ def prepare_wy_kernel(
     if USE_G:
         b_G = tl.cumsum(tl.load(g + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float64), axis=0)
         tl.store(G + (t0 + rows) * HV + i_hv, b_G, mask=valid)
-        b_kscale = b_kscale * tl.exp(b_G.to(tl.float32))
+        # W is kept as e^{-G_0} W (G_0 = g_0, the chunk's first cumulative gate): its rows
+        # then reach 1 in magnitude, so fp16 does not flush them to zero under strong decay
+        b_kscale = b_kscale * tl.exp((b_G - tl.sum(tl.where(rows == 0, b_G, 0.0), axis=0)).to(tl.float32))
 
     k_base = k + (t0 * H + i_h) * K
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
@@ -100,11 +108,16 @@ def prepare_wy_kernel(
         b_A = b_A * b_rk[:, None] * b_rk[None, :]
         b_kscale = b_kscale * b_rk
 
+    # A = strictly-lower(diag(beta) K K^T * Gamma), and its transpose from the same K K^T
     strict = (rows[:, None] > rows[None, :]) & valid[:, None]
+    strict_t = (rows[:, None] < rows[None, :]) & valid[None, :]
+    b_AT = b_A
     if USE_G:
+        b_AT = b_AT * masked_exp(b_G[None, :] - b_G[:, None], strict_t)
         b_A = b_A * masked_exp(b_G[:, None] - b_G[None, :], strict)
+    b_AT = tl.where(strict_t, b_AT * b_beta[None, :], 0.0)
     b_A = tl.where(strict, b_A * b_beta[:, None], 0.0)
-    b_L = unit_lower_inverse(b_A, BT)
+    b_L = unit_lower_inverse(b_A, b_AT, BT, DT)
     if STORE_L:
         p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
         tl.store(p_L, b_L.to(DT), boundary_check=(0, 1))
@@ -163,8 +176,11 @@ def state_pass_kernel(
         b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero")
         b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
 
-        # pseudo-values of the chunk: U - W h
-        b_vn = b_u.to(tl.float32) - mm(b_w, b_h.to(DT))
+        # pseudo-values of the chunk: U - W h (W stored as e^{-G_0} W)
+        b_wh = mm(b_w, b_h.to(DT))
+        if USE_G:
+            b_wh = b_wh * tl.exp(tl.load(G + t0 * HV + i_hv).to(tl.float32))
+        b_vn = b_u.to(tl.float32) - b_wh
         p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
         tl.store(p_vn, b_vn.to(DT), boundary_check=(0, 1))
 
@@ -264,26 +280,26 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     if n_chunks > 0:
         prepare_wy_kernel[(n_chunks * HV,)](
             k, v, g, beta, L, w, u, G, rk, cu_seqlens, chunk_map, T,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV, STORE_L=keep_for_backward,
-            num_warps=cfg.warps_prepare, **flags,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, STORE_L=keep_for_backward,
+            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags,
         )
 
     h = empty((state_slots(T, num_seqs, varlen), HV, K, V), dt, q.device)
     vn = empty((B, T, HV, V), dt, q.device)
     final_state = empty((num_seqs, HV, K, V), torch.float32, q.device) if output_final_state else None
-    state_pass_kernel[(num_seqs * HV * triton.cdiv(V, cfg.BV_state),)](
+    state_pass_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_BV),)](
         k, w, u, G, rk, initial_state, h, vn, final_state, cu_seqlens, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.BV_state,
+        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
-        num_warps=cfg.warps_state, num_stages=cfg.stages_state, **flags,
+        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
     )
 
     o = empty((B, T, HV, V), v.dtype, q.device)
     if n_chunks > 0:
-        output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.BV),)](
+        output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
             q, k, vn, h, G, rk, rq, o, cu_seqlens, chunk_map, T, scale,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK, BV=cfg.BV,
-            num_warps=cfg.warps_output, **flags,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV,
+            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags,
         )
     saved = dict(G=G, L=L, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
     return o, final_state, saved

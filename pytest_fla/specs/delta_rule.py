@@ -1,0 +1,61 @@
+"""delta_rule and gated_delta_rule, chunked.
+
+Keys are L2-normalised as callers normally do (OPS.md); ``use_qk_l2norm_in_kernel`` cases
+also normalise inside the kernels. The gated rule is checked with grouped value heads
+(HV = 2 H) and under strong decay.
+"""
+
+from __future__ import annotations
+
+from .common import STATE, STATE_GVA, Arg, Case, linear_attention_spec
+
+DELTA_ARGS = {
+    "q": Arg(("B", "T", "H", "K")),
+    "k": Arg(("B", "T", "H", "K"), "unit"),
+    "v": Arg(("B", "T", "H", "V")),
+    "beta": Arg(("B", "T", "H"), "beta"),
+    "initial_state": STATE,
+}
+GATED_ARGS = {
+    "q": Arg(("B", "T", "H", "K")),
+    "k": Arg(("B", "T", "H", "K"), "unit"),
+    "v": Arg(("B", "T", "HV", "V")),
+    "g": Arg(("B", "T", "HV"), "log_gate"),
+    "beta": Arg(("B", "T", "HV"), "beta"),
+    "initial_state": STATE_GVA,
+}
+
+# CPU sizes: two chunks with a ragged second one (T = 80), V not a power of two.
+SMALL = {"B": 2, "T": 80, "H": 2, "K": 32, "V": 24}
+GPU = {"B": 2, "T": 2048, "H": 8, "K": 128, "V": 128}
+WITH_STATE = {"initial_state": True, "output_final_state": True}
+L2NORM = {"use_qk_l2norm_in_kernel": True}
+
+GATED_CASES = (
+    Case("gva_state", {**SMALL, "HV": 4}, options=WITH_STATE, gpu_dims={**GPU, "HV": 16}),
+    Case("strong_decay_l2norm", {**SMALL, "K": 16}, dist="strong_decay", options={**WITH_STATE, **L2NORM},
+         gpu_dims={**GPU, "K": 256, "V": 256}),
+    Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
+)
+DELTA_CASES = (
+    Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
+    Case("l2norm", {**SMALL, "K": 16, "V": 16}, options=L2NORM, gpu_dims={**GPU, "K": 64, "V": 64}),
+)
+COMPILE = tuple(
+    Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
+    for d in (128, 256)
+)
+DELTA_COMPILE = tuple(
+    Case(c.name, {**c.dims, "HV": 2}, options=WITH_STATE) for c in COMPILE
+)
+
+SPECS = [
+    linear_attention_spec(
+        "chunk_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
+        grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=COMPILE,
+    ),
+    linear_attention_spec(
+        "chunk_delta_rule", "delta_rule", DELTA_ARGS, DELTA_CASES,
+        grads=("q", "k", "v", "beta", "initial_state"), chunk_size=64, compile_cases=DELTA_COMPILE,
+    ),
+]
