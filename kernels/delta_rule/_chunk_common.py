@@ -107,11 +107,39 @@ def load_gate_chunk(G, t0, n_valid, i_hv, HV: tl.constexpr, BT: tl.constexpr):
     return b_G, b_G_last
 
 
+@triton.jit
+def rows_tile(base, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, col0, BR: tl.constexpr, BC: tl.constexpr):
+    """[BR, BC] tile of a row-major [n_rows, n_cols] matrix (rows ``row_stride`` apart), zero-padded."""
+    p = tl.make_block_ptr(base, (n_rows, n_cols), (row_stride, 1), (0, col0), (BR, BC), (1, 0))
+    return tl.load(p, boundary_check=(0, 1), padding_option="zero")
+
+
+@triton.jit
+def rows_tile_t(base, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, col0, BR: tl.constexpr, BC: tl.constexpr):
+    """The same tile transposed: [BC, BR]."""
+    p = tl.make_block_ptr(base, (n_cols, n_rows), (1, row_stride), (col0, 0), (BC, BR), (0, 1))
+    return tl.load(p, boundary_check=(0, 1), padding_option="zero")
+
+
+@triton.jit
+def state_piece_load(base, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
+    """Key rows [i_p BKS, (i_p + 1) BKS) of the value block ``i_v`` of a [K, V] state, as fp32."""
+    p = tl.make_block_ptr(base, (K, V), (V, 1), (i_p * BKS, i_v * BV), (BKS, BV), (1, 0))
+    return tl.load(p, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+
+
+@triton.jit
+def state_piece_store(base, b, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
+    p = tl.make_block_ptr(base, (K, V), (V, 1), (i_p * BKS, i_v * BV), (BKS, BV), (1, 0))
+    tl.store(p, b.to(p.dtype.element_ty), boundary_check=(0, 1))
+
+
 @dataclass(frozen=True)
 class Configs:
     """Block sizes, warps and pipeline stages of every kernel, for one (K, V, dtype, arch)."""
 
-    BK_full: int  # the whole key dim as one tile (the state passes hold a [K, BV] state)
+    BK_full: int  # the key dim padded to a power of two
+    BKS: int  # the state passes hold the [K, BV] state as BK_full / BKS pieces of [BKS, BV]
     prepare_BK: int
     prepare_BV: int
     prepare_warps: int
@@ -135,10 +163,12 @@ class Configs:
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:
     """Configs from the *target* arch's shared-memory budget (kernels/README.md).
 
-    The state passes hold a [K, BV] fp32 state in registers and read [BT, K] tiles each
-    chunk; their shared memory grows with K * BV, so the value block shrinks for wide keys
-    and for the 100 KB parts (sm86, sm89, sm120). Offline compiles of every kernel at
-    K = V = 64, 128, 256 in bf16 and fp32 for sm80/86/89/90/100/120 checked these fit.
+    The state passes are sequential over chunks, one program per (sequence, value head,
+    value block): their value block sets the parallelism (B = 4, H = 16, V = 128 gives 128
+    programs at BV = 64), and their pipelining stages and key pieces set the shared memory,
+    which must leave room for two programs per multiprocessor so that all of them run in
+    one wave. The specs' compile cases (pytest_fla/specs/delta_rule.py) compile every
+    kernel offline for each target arch against its limit.
     """
     arch = _arch.target_arch() if arch is None else arch
     small_smem = _arch.shared_memory_limit(arch) < 150_000
@@ -147,19 +177,14 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     BV_full = block_size(V)
     BK = min(64, BK_full)
     BV = min(64, BV_full)
-    if BK_full <= 64:
-        bv_state = 64
-    elif BK_full <= 128:
-        bv_state = 32 if (small_smem and wide) else 64
-    else:
-        bv_state = 16 if (small_smem and wide) else 32
-    bv_state = min(bv_state, BV_full)
+    big_state = BK_full > 128
+    pipelined = 1 if small_smem else 2
     return Configs(
         BK_full=BK_full,
+        BKS=min(64, BK_full),
         prepare_BK=BK, prepare_BV=BV, prepare_warps=4, prepare_stages=2,
-        state_BV=bv_state, state_warps=4, state_stages=1 if small_smem else 2,
-        output_BK=BK, output_BV=BV, output_warps=4, output_stages=1 if (small_smem and wide) else 2,
-        state_grad_BV=min(bv_state, 32 if BK_full > 64 else 64), state_grad_warps=4,
-        state_grad_stages=1 if small_smem else 2,
+        state_BV=min(64, BV_full), state_warps=8 if big_state else 4, state_stages=1 if big_state else pipelined,
+        output_BK=BK, output_BV=min(128, BV_full), output_warps=4, output_stages=1 if (small_smem and wide) else 2,
+        state_grad_BV=min(32, BV_full), state_grad_warps=4, state_grad_stages=1 if big_state else pipelined,
         grad_BK=BK, grad_BV=BV, grad_warps=8, grad_stages=1,
     )

@@ -19,18 +19,40 @@ import triton
 import triton.language as tl
 
 from .._utils import empty
-from ._chunk_common import CHUNK, chunk_coords, load_gate_chunk, masked_exp, mm, sequence_span
+from ._chunk_common import (
+    CHUNK, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, sequence_span, state_piece_load,
+    state_piece_store,
+)
+
+
+@triton.jit
+def _kd_dh(k_base, n_valid, i_p, b_kf, b_dh, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr):
+    """One key piece of (K * kf) dh."""
+    b_k = rows_tile(k_base, n_valid, H * K, K, i_p * BKS, BT, BKS)
+    return mm((b_k * b_kf[:, None]).to(b_k.dtype), b_dh.to(b_k.dtype))
+
+
+@triton.jit
+def _state_grad_piece_update(b_dh, q_base, w_base, n_valid, i_p, b_qf, b_do, b_dvnd, decay, chunk_scale,
+                             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                             BKS: tl.constexpr):
+    """One [BKS, BV] piece of dh <- e^{G_C} dh + e^{G_0} ((Q qf)^T dO - W^T dU)."""
+    b_q = rows_tile(q_base, n_valid, H * K, K, i_p * BKS, BT, BKS)
+    b_w = rows_tile(w_base, n_valid, HV * K, K, i_p * BKS, BT, BKS)
+    b_chunk = mm(tl.trans((b_q * b_qf[:, None]).to(b_q.dtype)), b_do) - mm(tl.trans(b_w), b_dvnd)
+    return b_dh * decay + b_chunk * chunk_scale
 
 
 @triton.jit
 def state_grad_kernel(
-    q, k, w, G, rq, rk, do, dht, dh, dvn, dh0,
+    q, k, w, G, P, rq, rk, do, dht, dh, dvn, dh0,
     cu_seqlens, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
 ):
+    """dh is held as NKS pieces of [BKS, BV] rows, as the forward state pass holds h."""
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = (pid % NV).to(tl.int32)
@@ -43,68 +65,90 @@ def state_grad_kernel(
     rows = tl.arange(0, BT)
     DT = k.dtype.element_ty
 
-    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    b_dh1 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b_dh2 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b_dh3 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b_dh4 = tl.zeros([BKS, BV], dtype=tl.float32)
     if USE_DHT:
-        p_dht = tl.make_block_ptr(dht + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        b_dh += tl.load(p_dht, boundary_check=(0, 1), padding_option="zero")
+        dht_base = dht + i_nh * K * V
+        b_dh1 += state_piece_load(dht_base, 0, i_v, K, V, BKS, BV)
+        if NKS > 1:
+            b_dh2 += state_piece_load(dht_base, 1, i_v, K, V, BKS, BV)
+        if NKS > 2:
+            b_dh3 += state_piece_load(dht_base, 2, i_v, K, V, BKS, BV)
+            b_dh4 += state_piece_load(dht_base, 3, i_v, K, V, BKS, BV)
     for i_rev in range(0, NT):
         i_c = NT - 1 - i_rev
         t0 = bos + i_c * BT
         n_valid = tl.minimum(eos - t0, BT)
         valid = rows < n_valid
-        p_dh = tl.make_block_ptr(dh + ((slot0 + i_c) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_dh, b_dh.to(DT), boundary_check=(0, 1))
+        dh_base = dh + ((slot0 + i_c) * HV + i_hv) * K * V
+        q_base = q + (t0 * H + i_h) * K
+        k_base = k + (t0 * H + i_h) * K
+        w_base = w + (t0 * HV + i_hv) * K
+        state_piece_store(dh_base, b_dh1, 0, i_v, K, V, BKS, BV)
+        if NKS > 1:
+            state_piece_store(dh_base, b_dh2, 1, i_v, K, V, BKS, BV)
+        if NKS > 2:
+            state_piece_store(dh_base, b_dh3, 2, i_v, K, V, BKS, BV)
+            state_piece_store(dh_base, b_dh4, 3, i_v, K, V, BKS, BV)
 
-        p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_k = tl.make_block_ptr(k + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_do = tl.make_block_ptr(do + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-        b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-
-        # row factors: k_j -> k_j (rk_j) e^{G_C - G_j} for the state; q_i -> scale (rq_i) e^{G_i}
+        # row factors: k_j -> k_j (rk_j) e^{G_C - G_j} for the state; q_i -> scale (rq_i) e^{G_i - G_0}
         b_kf = tl.where(valid, 1.0, 0.0)
         b_qf = tl.zeros([BT], dtype=tl.float32) + scale
         if L2NORM:
-            b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
-            b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
-            b_kf = b_kf * b_rk
-            b_qf = b_qf * b_rq
-        # transposed causal intra-chunk attention: At[j, i] = scale q_i . k_j Gamma_ij, j <= i
-        causal_t = (rows[:, None] <= rows[None, :]) & valid[None, :]
-        b_At = mm(b_k, tl.trans(b_q)) * b_kf[:, None] * b_qf[None, :]
+            b_kf = b_kf * tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+            b_qf = b_qf * tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+        decay = 1.0
+        chunk_scale = 1.0
         if USE_G:
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
-            b_At = b_At * masked_exp(b_G[None, :] - b_G[:, None], causal_t)
-            b_kf = b_kf * masked_exp(b_G_last - b_G, valid)
-            # e^{G_0} (the chunk's first cumulative gate) comes out of both products below
             b_G_first = tl.load(G + t0 * HV + i_hv)
+            b_kf = b_kf * masked_exp(b_G_last - b_G, valid)
             b_qf = b_qf * masked_exp(b_G - b_G_first, valid)
-        b_At = tl.where(causal_t, b_At, 0.0)
+            decay = tl.exp(b_G_last.to(tl.float32))
+            # e^{G_0}, the chunk's first cumulative gate, comes out of the chunk's products
+            # (W is stored as e^{-G_0} W), which keeps their fp16 operands from flushing to zero
+            chunk_scale = tl.exp(b_G_first.to(tl.float32))
 
-        # d(pseudo-values) = At dO + (K * e^{G_C - G}) dh
-        b_dvn = mm(b_At.to(DT), b_do) + mm((b_k * b_kf[:, None]).to(DT), b_dh.to(DT))
+        # d(pseudo-values) = P^T dO + (K * e^{G_C - G}) dh, P = scale (Q K^T) * Gamma kept by the forward
+        b_P = rows_tile(P + (t0 * HV + i_hv) * BT, n_valid, HV * BT, BT, 0, BT, BT)
+        b_do = rows_tile(do + (t0 * HV + i_hv) * V, n_valid, HV * V, V, i_v * BV, BT, BV)
+        b_dvn = mm(tl.trans(b_P), b_do) + _kd_dh(k_base, n_valid, 0, b_kf, b_dh1, H, K, BT, BKS)
+        if NKS > 1:
+            b_dvn += _kd_dh(k_base, n_valid, 1, b_kf, b_dh2, H, K, BT, BKS)
+        if NKS > 2:
+            b_dvn += _kd_dh(k_base, n_valid, 2, b_kf, b_dh3, H, K, BT, BKS)
+            b_dvn += _kd_dh(k_base, n_valid, 3, b_kf, b_dh4, H, K, BT, BKS)
         p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
         tl.store(p_dvn, b_dvn.to(p_dvn.dtype.element_ty), boundary_check=(0, 1))
 
-        # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)  (W as stored: e^{-G_0} W)
-        if USE_G:
-            b_dh = b_dh * tl.exp(b_G_last.to(tl.float32))
-        b_dh_chunk = mm(tl.trans((b_q * b_qf[:, None]).to(DT)), b_do) - mm(tl.trans(b_w), b_dvn.to(DT))
-        if USE_G:
-            b_dh_chunk = b_dh_chunk * tl.exp(b_G_first.to(tl.float32))
-        b_dh += b_dh_chunk
+        # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)
+        b_dvnd = b_dvn.to(DT)
+        b_dh1 = _state_grad_piece_update(b_dh1, q_base, w_base, n_valid, 0, b_qf, b_do, b_dvnd, decay, chunk_scale,
+                                         H, HV, K, BT, BKS)
+        if NKS > 1:
+            b_dh2 = _state_grad_piece_update(b_dh2, q_base, w_base, n_valid, 1, b_qf, b_do, b_dvnd, decay,
+                                             chunk_scale, H, HV, K, BT, BKS)
+        if NKS > 2:
+            b_dh3 = _state_grad_piece_update(b_dh3, q_base, w_base, n_valid, 2, b_qf, b_do, b_dvnd, decay,
+                                             chunk_scale, H, HV, K, BT, BKS)
+            b_dh4 = _state_grad_piece_update(b_dh4, q_base, w_base, n_valid, 3, b_qf, b_do, b_dvnd, decay,
+                                             chunk_scale, H, HV, K, BT, BKS)
 
     if STORE_DH0:
-        p_dh0 = tl.make_block_ptr(dh0 + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_dh0, b_dh, boundary_check=(0, 1))
+        dh0_base = dh0 + i_nh * K * V
+        state_piece_store(dh0_base, b_dh1, 0, i_v, K, V, BKS, BV)
+        if NKS > 1:
+            state_piece_store(dh0_base, b_dh2, 1, i_v, K, V, BKS, BV)
+        if NKS > 2:
+            state_piece_store(dh0_base, b_dh3, 2, i_v, K, V, BKS, BV)
+            state_piece_store(dh0_base, b_dh4, 3, i_v, K, V, BKS, BV)
 
 
 @triton.jit
 def chunk_grad_kernel(
-    q, k, v, G, beta, L, h, dh, vn, dvn, do, rq, rk,
+    q, k, v, G, beta, L, P, h, dh, vn, dvn, do, rq, rk,
     dq, dk, dv, dbeta, dg,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -137,13 +181,6 @@ def chunk_grad_kernel(
         b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
         b_eG = tl.where(valid, tl.exp(b_G.to(tl.float32)), 0.0)
         b_eGC = masked_exp(b_G_last - b_G, valid)
-        # Q K^T, for the gate gradient of P only
-        b_QK = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(NK):
-            p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-            p_kt = tl.make_block_ptr(k + (t0 * H + i_h) * K, (K, n_valid), (1, H * K), (i_k * BK, 0), (BK, BT), (0, 1))
-            b_QK += mm(tl.load(p_q, boundary_check=(0, 1), padding_option="zero"),
-                       tl.load(p_kt, boundary_check=(0, 1), padding_option="zero"))
     else:
         b_eG = tl.where(valid, 1.0, 0.0)
         b_eGC = b_eG
@@ -190,7 +227,8 @@ def chunk_grad_kernel(
     if USE_G:
         # The P terms of dG as row sum minus column sum of dP_ij P_ij over j < i: the
         # diagonal (no gate dependence) would cancel, but only up to rounding of O(1) terms.
-        b_M = tl.where(strict, b_dPs * b_QK * b_rq[:, None] * b_rk[None, :], 0.0)
+        p_P = tl.make_block_ptr(P + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
+        b_M = tl.where(strict, b_dP * tl.load(p_P, boundary_check=(0, 1), padding_option="zero").to(tl.float32), 0.0)
         b_dG += tl.sum(b_M, axis=1) - tl.sum(b_M, axis=0)
     # dot operands, with the inverse norms of the k (or q) rows they multiply folded in
     m_dq = (b_dPs * b_rk[None, :]).to(DT)
@@ -308,9 +346,9 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
     dvn = empty((B, T, HV, V), dt, q.device)
     dh0 = empty(initial_state.shape, torch.float32, q.device) if initial_state is not None else None
     state_grad_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_grad_BV),)](
-        q, k, saved["w"], saved["G"], saved["rq"], saved["rk"], do, dht, dh, dvn, dh0,
+        q, k, saved["w"], saved["G"], saved["P"], saved["rq"], saved["rk"], do, dht, dh, dvn, dh0,
         cu_seqlens, T, scale,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.state_grad_BV,
+        H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_grad_BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
         num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **flags,
     )
@@ -324,7 +362,7 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
     dg = empty(g.shape, g.dtype, q.device) if use_g else None
     if n_chunks > 0:
         chunk_grad_kernel[(n_chunks * HV,)](
-            q, k, v, saved["G"], beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"],
+            q, k, v, saved["G"], beta, saved["L"], saved["P"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"],
             dq_heads, dk_heads, dv, dbeta, dg,
             cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,

@@ -23,7 +23,8 @@ import triton.language as tl
 
 from .._utils import empty
 from ._chunk_common import (
-    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, masked_exp, mm, sequence_span, state_slots,
+    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, rows_tile_t, sequence_span,
+    state_piece_load, state_piece_store, state_slots,
 )
 
 
@@ -138,14 +139,23 @@ def prepare_wy_kernel(
 
 
 @triton.jit
+def _state_piece_update(b_h, k_base, n_valid, i_p, b_vnd, decay,
+                        H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr):
+    """One [BKS, BV] piece of h <- e^{G_C} h + K^T (decayed pseudo-values)."""
+    return b_h * decay + mm(rows_tile_t(k_base, n_valid, H * K, K, i_p * BKS, BT, BKS), b_vnd)
+
+
+@triton.jit
 def state_pass_kernel(
     k, w, u, G, rk, h0, h, vn, ht,
     cu_seqlens, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    BT: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
 ):
+    """The state is held as NKS (1, 2 or 4) pieces of [BKS, BV] rows, so each product
+    stages a [BT, BKS] operand rather than the whole [BT, K] one (shared memory at K = 256)."""
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = (pid % NV).to(tl.int32)
@@ -158,53 +168,76 @@ def state_pass_kernel(
     rows = tl.arange(0, BT)
     DT = k.dtype.element_ty
 
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h1 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b_h2 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b_h3 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b_h4 = tl.zeros([BKS, BV], dtype=tl.float32)
     if USE_H0:
-        p_h0 = tl.make_block_ptr(h0 + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        b_h += tl.load(p_h0, boundary_check=(0, 1), padding_option="zero")
+        h0_base = h0 + i_nh * K * V
+        b_h1 += state_piece_load(h0_base, 0, i_v, K, V, BKS, BV)
+        if NKS > 1:
+            b_h2 += state_piece_load(h0_base, 1, i_v, K, V, BKS, BV)
+        if NKS > 2:
+            b_h3 += state_piece_load(h0_base, 2, i_v, K, V, BKS, BV)
+            b_h4 += state_piece_load(h0_base, 3, i_v, K, V, BKS, BV)
     for i_c in range(0, NT):
         t0 = bos + i_c * BT
         n_valid = tl.minimum(eos - t0, BT)
         valid = rows < n_valid
-        p_h = tl.make_block_ptr(h + ((slot0 + i_c) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_h, b_h.to(DT), boundary_check=(0, 1))
-
-        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, 0), (BT, BK), (1, 0))
-        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        p_kt = tl.make_block_ptr(k + (t0 * H + i_h) * K, (K, n_valid), (1, H * K), (0, 0), (BK, BT), (0, 1))
-        b_w = tl.load(p_w, boundary_check=(0, 1), padding_option="zero")
-        b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero")
-        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
+        h_base = h + ((slot0 + i_c) * HV + i_hv) * K * V
+        w_base = w + (t0 * HV + i_hv) * K
+        k_base = k + (t0 * H + i_h) * K
+        state_piece_store(h_base, b_h1, 0, i_v, K, V, BKS, BV)
+        b_wh = mm(rows_tile(w_base, n_valid, HV * K, K, 0, BT, BKS), b_h1.to(DT))
+        if NKS > 1:
+            state_piece_store(h_base, b_h2, 1, i_v, K, V, BKS, BV)
+            b_wh += mm(rows_tile(w_base, n_valid, HV * K, K, BKS, BT, BKS), b_h2.to(DT))
+        if NKS > 2:
+            state_piece_store(h_base, b_h3, 2, i_v, K, V, BKS, BV)
+            state_piece_store(h_base, b_h4, 3, i_v, K, V, BKS, BV)
+            b_wh += mm(rows_tile(w_base, n_valid, HV * K, K, 2 * BKS, BT, BKS), b_h3.to(DT))
+            b_wh += mm(rows_tile(w_base, n_valid, HV * K, K, 3 * BKS, BT, BKS), b_h4.to(DT))
 
         # pseudo-values of the chunk: U - W h (W stored as e^{-G_0} W)
-        b_wh = mm(b_w, b_h.to(DT))
         if USE_G:
             b_wh = b_wh * tl.exp(tl.load(G + t0 * HV + i_hv).to(tl.float32))
-        b_vn = b_u.to(tl.float32) - b_wh
+        b_vn = rows_tile(u + (t0 * HV + i_hv) * V, n_valid, HV * V, V, i_v * BV, BT, BV).to(tl.float32) - b_wh
         p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
         tl.store(p_vn, b_vn.to(DT), boundary_check=(0, 1))
 
         # h <- e^{G_C} h + (K * e^{G_C - G})^T (U - W h)
+        decay = 1.0
         if USE_G:
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
             b_vn = b_vn * masked_exp(b_G_last - b_G, valid)[:, None]
-            b_h = b_h * tl.exp(b_G_last.to(tl.float32))
+            decay = tl.exp(b_G_last.to(tl.float32))
         if L2NORM:
             b_vn = b_vn * tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)[:, None]
-        b_h += mm(b_kt, b_vn.to(DT))
+        b_vnd = b_vn.to(DT)
+        b_h1 = _state_piece_update(b_h1, k_base, n_valid, 0, b_vnd, decay, H, K, BT, BKS)
+        if NKS > 1:
+            b_h2 = _state_piece_update(b_h2, k_base, n_valid, 1, b_vnd, decay, H, K, BT, BKS)
+        if NKS > 2:
+            b_h3 = _state_piece_update(b_h3, k_base, n_valid, 2, b_vnd, decay, H, K, BT, BKS)
+            b_h4 = _state_piece_update(b_h4, k_base, n_valid, 3, b_vnd, decay, H, K, BT, BKS)
 
     if STORE_HT:
-        p_ht = tl.make_block_ptr(ht + i_nh * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-        tl.store(p_ht, b_h, boundary_check=(0, 1))
+        ht_base = ht + i_nh * K * V
+        state_piece_store(ht_base, b_h1, 0, i_v, K, V, BKS, BV)
+        if NKS > 1:
+            state_piece_store(ht_base, b_h2, 1, i_v, K, V, BKS, BV)
+        if NKS > 2:
+            state_piece_store(ht_base, b_h3, 2, i_v, K, V, BKS, BV)
+            state_piece_store(ht_base, b_h4, 3, i_v, K, V, BKS, BV)
 
 
 @triton.jit
 def output_kernel(
-    q, k, vn, h, G, rk, rq, o,
+    q, k, vn, h, G, rk, rq, o, P,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_P: tl.constexpr,
 ):
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
@@ -247,6 +280,11 @@ def output_kernel(
         b_o = b_o * tl.exp(b_G.to(tl.float32))[:, None]
         b_A = b_A * masked_exp(b_G[:, None] - b_G[None, :], causal)
     b_A = tl.where(causal, b_A, 0.0)
+    if STORE_P:
+        # the backward reads P = scale (Q K^T) * Gamma instead of recomputing it
+        p_P = tl.make_block_ptr(P + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
+        if i_v == 0:
+            tl.store(p_P, (b_A * scale).to(DT), boundary_check=(0, 1))
 
     p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
     b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
@@ -260,8 +298,8 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     """Launch the three forward kernels; returns ``(o, final_state, saved)``.
 
     ``saved`` holds what the backward reads (None entries where not needed): the cumulative
-    gates G, the inverse L, W, the per-chunk states h, the pseudo-values, and the inverse
-    norms of q and k.
+    gates G, the inverse L, the intra-chunk attention P, W, the per-chunk states h, the
+    pseudo-values, and the inverse norms of q and k.
     """
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -289,17 +327,18 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
     final_state = empty((num_seqs, HV, K, V), torch.float32, q.device) if output_final_state else None
     state_pass_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_BV),)](
         k, w, u, G, rk, initial_state, h, vn, final_state, cu_seqlens, T,
-        H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.BK_full, BV=cfg.state_BV,
+        H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
         num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
     )
 
     o = empty((B, T, HV, V), v.dtype, q.device)
+    P = empty((B, T, HV, BT), dt, q.device) if keep_for_backward else None
     if n_chunks > 0:
         output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
-            q, k, vn, h, G, rk, rq, o, cu_seqlens, chunk_map, T, scale,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV,
+            q, k, vn, h, G, rk, rq, o, P, cu_seqlens, chunk_map, T, scale,
+            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=keep_for_backward,
             num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags,
         )
-    saved = dict(G=G, L=L, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
+    saved = dict(G=G, L=L, P=P, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
     return o, final_state, saved
