@@ -1,0 +1,51 @@
+"""The token-by-token state loop shared by every recurrent op, and the per-head state algebra.
+
+A state S holds one [K, V] matrix per head ([H, K, V]); keys, queries and gates of one step
+are [H, K], values [H, V].
+"""
+import torch
+
+from ._sequences import num_sequences, per_sequence
+
+
+def outer(k, v):
+    """k v^T per head: [H, K], [H, V] -> [H, K, V]."""
+    return k[..., :, None] * v[..., None, :]
+
+
+def read(S, q):
+    """S^T q per head: [H, K, V], [H, K] -> [H, V]."""
+    return torch.einsum("hkv,hk->hv", S, q)
+
+
+def run_recurrence(step, tokens, state_shape, output_shape,
+                   initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Scan every sequence: S_t, o_t = step(S_{t-1}, *tokens_t).
+
+    tokens: float64 tensors [B, T, ...], handed to step one time step at a time.
+    Sequence n starts from initial_state[n] ([N, *state_shape]) or from zeros.
+    Returns (o [B, T, *output_shape], final states [N, *state_shape] or None unless
+    output_final_state). A zero-length sequence's final state is its initial state.
+    """
+    batch_size = tokens[0].shape[0]
+    if initial_state is not None:
+        expected = (num_sequences(batch_size, cu_seqlens), *state_shape)
+        assert tuple(initial_state.shape) == expected, (tuple(initial_state.shape), expected)
+        initial_state = initial_state.double()
+    device = tokens[0].device
+
+    def scan(n, *sequence_tokens):
+        if initial_state is None:
+            S = torch.zeros(state_shape, dtype=torch.float64, device=device)
+        else:
+            S = initial_state[n]
+        outputs = []
+        for token in zip(*sequence_tokens):
+            S, o = step(S, *token)
+            outputs.append(o)
+        if not outputs:
+            return S.new_zeros((0, *output_shape)), S
+        return torch.stack(outputs), S
+
+    o, final_states = per_sequence(scan, tokens, cu_seqlens)
+    return o, (final_states if output_final_state else None)
