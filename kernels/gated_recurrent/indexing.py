@@ -15,3 +15,22 @@ def sequence_span(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
         bos = i_n * T
         T_seq = T
     return bos, T_seq
+
+
+@triton.jit
+def first_state_slot(bos, i_n, T, CHUNK: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Slot of a sequence's first chunk in a per-chunk state buffer (see ``state_slots``)."""
+    if IS_VARLEN:
+        slot = bos // CHUNK + i_n
+    else:
+        slot = i_n * tl.cdiv(T, CHUNK)
+    return slot
+
+
+def state_slots(B: int, T: int, N: int, chunk: int, varlen: bool) -> int:
+    """Rows of a per-chunk state buffer. Fixed length: sequence b's chunk c is row
+    ``b * ceil(T / chunk) + c``. Packed: sequence n's chunk c is row
+    ``cu_seqlens[n] // chunk + n + c``, which is injective (a sequence of length L starting
+    at s ends before row ``(s + L) // chunk + n + 1``, where the next one starts) and below
+    ``T // chunk + N``; so no host-side prefix sum over the lengths is needed."""
+    return T // chunk + N if varlen else B * -(-T // chunk)

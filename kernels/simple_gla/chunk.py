@@ -57,8 +57,8 @@ input dtype) rather than recomputed.
 given the gate is ``g + g_gamma``.
 
 Varlen: chunks of all sequences are listed by ``kernels._utils.chunk_map``; sequence n's
-chunk c stores its state in slot ``cu_seqlens[n] // BT + n + c`` of the per-chunk buffer,
-which is injective and below ``T // BT + N`` (so no host-side prefix sum is needed).
+chunk c stores its state in slot ``cu_seqlens[n] // BT + n + c`` of the per-chunk buffer
+(``gated_recurrent.indexing.state_slots``: injective, no host-side prefix sum).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ import triton.language as tl
 
 from .. import _arch
 from .._utils import block_size, cdiv, chunk_map, empty
-from ..gated_recurrent.indexing import sequence_span
+from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
 
 CHUNK_SIZE = 64
@@ -142,10 +142,7 @@ def chunk_state_pass_kernel(
     i_n = i_nh // H
     i_h = i_nh % H
     bos, T_seq = sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
-    if IS_VARLEN:
-        slot0 = bos // BT + i_n
-    else:
-        slot0 = i_n * tl.cdiv(T, BT)
+    slot0 = first_state_slot(bos, i_n, T, BT, IS_VARLEN)
 
     o_t = tl.arange(0, BT)
     o_k = i_k * BK + tl.arange(0, BK)
@@ -161,6 +158,7 @@ def chunk_state_pass_kernel(
 
     NT = tl.cdiv(T_seq, BT)
     for i in range(NT):
+        scale_c = scale
         if REVERSE:
             i_t = NT - 1 - i
         else:
@@ -173,13 +171,18 @@ def chunk_state_pass_kernel(
         if USE_G or USE_G_GAMMA:
             b, b_last, m_t = _chunk_gate(g, g_gamma, bos, i_t, i_h, T_seq, H, BT, USE_G, USE_G_GAMMA, GATE_F64)
             if REVERSE:
-                w = tl.exp(tl.where(m_t, b, float("-inf")))
+                # e^{b_t} = e^{b_0} e^{b_t - b_0}: the largest factor (b_0, gates <= 0) is
+                # applied in fp32 after the dot, so a 16-bit operand never holds e^{b_0}
+                # itself (under strong decay it is ~e^{-70} and would flush to zero in fp16)
+                b_0 = tl.sum(tl.where(o_t == 0, b, 0.0), 0)
+                w = tl.exp(tl.where(m_t, (b - b_0).to(tl.float32), float("-inf")))
+                scale_c = scale * tl.exp(b_0.to(tl.float32))
             else:
                 w = tl.exp(tl.where(m_t, (b_last - b).to(tl.float32), float("-inf")))
             xT = (xT * w[None, :]).to(xT.dtype)
             S *= tl.exp(b_last.to(tl.float32))
         if REVERSE:
-            S += scale * tl.dot(xT, yb, input_precision=PRECISION)
+            S += scale_c * tl.dot(xT, yb, input_precision=PRECISION)
         else:
             S = tl.dot(xT, yb, S, input_precision=PRECISION)
     if STORE_S_END:
@@ -376,12 +379,6 @@ def _launch_state_pass(x, y, g, g_gamma, states, s0, s_end, cu_seqlens, scale, T
     )
 
 
-def _state_slots(B: int, T: int, N: int, offsets_host) -> int:
-    if offsets_host is None:
-        return B * cdiv(T, CHUNK_SIZE)
-    return T // CHUNK_SIZE + N
-
-
 def _chunk_grid(B: int, T: int, offsets_host, device):
     """(number of chunks, chunk table or None)."""
     if offsets_host is None:
@@ -396,7 +393,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         cfg = _configs(K, V, q.dtype)
-        states = empty((_state_slots(B, T, N, offsets_host), H, K, V), q.dtype, q.device)
+        states = empty((state_slots(B, T, N, CHUNK_SIZE, offsets_host is not None), H, K, V), q.dtype, q.device)
         final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
         _launch_state_pass(k, v, g, g_gamma, states, initial_state, final_state, cu_seqlens, 1.0,
                            T, N, H, K, V, False, cfg)
