@@ -12,60 +12,49 @@ from dataclasses import dataclass
 
 import pytest
 
-from . import packings as _packings
 from . import targets
 
 GRID_LIMIT = 65535  # CUDA's cap on grid axes 1 and 2
 
 
-@dataclass(frozen=True)
-class VarlenPacking:
-    """Sequences of ``lengths`` packed along T, with offsets of ``dtype``."""
-
-    name: str
-    lengths: tuple
-    dtype_name: str  # "int32" or "int64"
-
-    @property
-    def T(self) -> int:
-        return sum(self.lengths)
-
-    @property
-    def N(self) -> int:
-        return len(self.lengths)
-
-    @property
-    def dtype(self):
-        import torch
-
-        return getattr(torch, self.dtype_name)
-
-    def offsets(self, device="cpu"):
-        """``cu_seqlens`` as a tensor on ``device``."""
-        import torch
-
-        return torch.tensor(_packings.offsets(list(self.lengths)), dtype=self.dtype, device=device)
+INDEX_DTYPES = ("int32", "int64")
+DEFAULT_CHUNK_SIZE = 64
 
 
 @pytest.fixture
 def fla_chunk_size() -> int:
-    """The chunk size ``cu_seqlens`` packings are built around (override to change it)."""
-    return _packings.DEFAULT_CHUNK_SIZE
+    """The chunk size the ``cu_seqlens`` packings are built around (override to change it)."""
+    return DEFAULT_CHUNK_SIZE
 
 
-@pytest.fixture(
-    params=[(name, dtype) for name in _packings.PACKINGS for dtype in ("int32", "int64")],
-    ids=lambda p: f"{p[0]}-{p[1]}",
-)
-def cu_seqlens(request, fla_chunk_size) -> VarlenPacking:
-    """A variable-length packing: ``.lengths``, ``.T``, ``.N``, ``.offsets(device)``.
+def parametrize_cu_seqlens(metafunc) -> None:
+    """Parametrize ``cu_seqlens`` over packing x index dtype (names are read at collection,
+    so that importing the plugin does not import torch)."""
+    from .packings import packings
 
-    Parametrized over every packing of ``pytest_fla.packings`` (one sequence, equal
-    lengths, lengths 1 and chunk-1 / chunk / chunk+1, zero-length sequences, many
-    short, one long) times int32 and int64 offsets.
+    names = [p.name for p in packings(DEFAULT_CHUNK_SIZE)]
+    params = [(name, dtype) for name in names for dtype in INDEX_DTYPES]
+    metafunc.parametrize("cu_seqlens", params, indirect=True, ids=[f"{n}-{d}" for n, d in params])
+
+
+@pytest.fixture
+def cu_seqlens(request, fla_chunk_size):
+    """A variable-length packing (``pytest_fla.packings.Packing``: ``.name``, ``.lengths``,
+    ``.index_dtype``), for offsets built with e.g. ``spec.sample(..., lengths=p.lengths)``.
+
+    Parametrized over every packing (one sequence, equal lengths, lengths 1 and
+    chunk-1 / chunk / chunk+1, zero-length sequences, many short) times int32 and int64
+    offsets; ``fla_chunk_size`` sets the chunk the lengths sit around.
     """
+    import dataclasses
+
+    import torch
+
+    from .packings import packings
+
     name, dtype = request.param
-    return VarlenPacking(name, tuple(_packings.packings(fla_chunk_size)[name]), dtype)
+    packing = next(p for p in packings(fla_chunk_size) if p.name == name)
+    return dataclasses.replace(packing, index_dtype=getattr(torch, dtype))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attr
     device_mismatch,
     fla_chunk_size,
     huge_batch,
+    parametrize_cu_seqlens,
     rotary_dims,
 )
 
@@ -168,6 +169,13 @@ def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per visible GPU (None: xdist's default, one per CPU)."""
     gpus = [g for g in os.environ.get(distribute.GPUS_ENV, "").split(",") if g]
     return len(gpus) or None
+
+
+def pytest_generate_tests(metafunc):
+    if "cu_seqlens" in metafunc.fixturenames and not any(
+        "cu_seqlens" in getattr(m, "args", ("",))[0] for m in metafunc.definition.iter_markers("parametrize")
+    ):
+        parametrize_cu_seqlens(metafunc)
 
 
 def pytest_collect_file(file_path, parent):
