@@ -179,8 +179,17 @@ def pytest_generate_tests(metafunc):
 
 
 def pytest_collect_file(file_path, parent):
-    if repro.is_repro_file(file_path):
+    # A reproducer named on the command line is offered to the python collector instead.
+    if repro.is_repro_file(file_path) and not parent.session.isinitpath(file_path):
         return repro.ReproFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path, parent):
+    """A reproducer is never imported as a test module: it runs in a process of its own."""
+    if repro.is_repro_file(module_path):
+        return repro.ReproFile.from_parent(parent, path=module_path)
     return None
 
 

@@ -114,7 +114,10 @@ class RunReport:
         """The terminal summary: one ops x checks table per arch, then the slowest checks."""
         out = []
         modes = {t.name: t for t in self.targets}
-        for arch, ops in self.matrix().items():
+        matrix = self.matrix()
+        order = [t.name for t in self.targets if t.name in matrix] + [a for a in matrix if a not in modes]
+        for arch in order:
+            ops = matrix[arch]
             target = modes.get(arch)
             out.append(f"{arch} ({target.mode if target else 'unknown'}):")
             checks = sorted({check for cells in ops.values() for check in cells})

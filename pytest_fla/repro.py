@@ -7,7 +7,9 @@ A reproducer is a user's code with a short header of ``# key: value`` lines::
     # expect: pass                       (or: raises ValueError: <regex>)
     # expect-sm86: raises ...            (optional: a different outcome on one arch)
     # op: chunk_simple_gla               (optional: the op, for the report matrix)
-    # needs: device                      (device: runs kernels; compiler: compiles offline)
+    # needs: device                      (device: runs kernels, the interpreter too;
+                                          gpu: a real or emulated GPU; compiler: compiles
+                                          kernels offline)
 
 It always runs in a fresh process (a reproducer is often the very crash the suite
 guards against), under the session's arch target, ``--fla-blocking`` and
@@ -32,7 +34,7 @@ from .isolation import device_fault
 HEADER_RE = re.compile(r"^#\s*([a-z][a-z0-9-]*)\s*:\s*(.*?)\s*$")
 EXPECT_RE = re.compile(r"^(?:pass|raises\s+(?P<exc>[A-Za-z_][\w.]*)\s*:\s*(?P<pattern>.+))$")
 REQUIRED = ("source", "seen-on", "expect")
-NEEDS = ("device", "compiler")
+NEEDS = ("device", "gpu", "compiler")
 OUTPUT_TAIL_LINES = 40
 
 
@@ -93,8 +95,10 @@ class ReproItem(pytest.Item):
     def runtest(self):
         target = targets.current_target()
         mode = target.mode if target else None
-        if self.header.needs == "device" and mode == targets.COMPILE_ONLY:
+        if self.header.needs in ("device", "gpu") and mode == targets.COMPILE_ONLY:
             pytest.skip(f"runs kernels; {target.name} is compile-only here")
+        if self.header.needs == "gpu" and mode == targets.INTERPRETER:
+            pytest.skip("needs a GPU (real or emulated); the CPU interpreter cannot show it")
         if self.header.needs == "compiler" and mode == targets.INTERPRETER:
             pytest.skip("compiles kernels offline; the interpreter builds no GPU code")
         expect = self.header.expectation(target.name if target else None)

@@ -82,3 +82,20 @@ def shared_hungry_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(M, cfg["BM"]), triton.cdiv(N, cfg["BN"]))
     tiled_matmul_kernel[grid](a, b, c, M, N, K, **cfg)
     return c
+
+
+# Stages per target arch, as a kernel author tunes them. The planted bug: sm86's entry
+# was copied from sm80's, and sm86 has 100 KiB of shared memory, not sm80's 163 KiB.
+STAGES_BY_ARCH = {75: 2, 80: 5, 86: 5, 89: 3, 90: 5, 100: 5, 120: 3}
+
+
+def arch_tuned_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A matmul whose config comes from the target arch: it fits every arch but sm86."""
+    from kernels._arch import target_arch
+
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    grid = (triton.cdiv(M, 128), triton.cdiv(N, 128))
+    tiled_matmul_kernel[grid](a, b, c, M, N, K, BM=128, BN=128, BK=64, num_warps=8, num_stages=STAGES_BY_ARCH[target_arch()])
+    return c
