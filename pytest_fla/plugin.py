@@ -260,8 +260,8 @@ def _sanitize(item, tools):
 
     failures, texts = [], []
     for tool in tools:
-        outcome = run_batch(item.config, [item], wrapper=sanitizer.command(tool), env=sanitizer.environment())
-        found = sanitizer.parse(tool, outcome.stdout[outcome.stdout.find("=== fla: running") :])
+        outcome = run_batch(item.config, [item], wrapper=sanitizer.command(tool), env=sanitizer.environment())[item.nodeid]
+        found = sanitizer.parse(tool, outcome.stdout)
         texts.append(found.describe())
         if outcome.died:
             failures.append(f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}")
