@@ -188,7 +188,7 @@ def device_mismatch(request) -> DeviceMismatch:
 
 
 @pytest.fixture(autouse=True)
-def _fla_poison_allocations(request):
+def fla_poison_allocations(request):
     """Fill every buffer ``kernels`` allocates with NaN (-1 for integers) during the test,
     so an output element a kernel forgot to write cannot pass for a plausible value.
 

@@ -23,7 +23,7 @@ import pytest
 from . import distribute, repro, sanitizer, targets
 from . import report as run_report
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
-    _fla_poison_allocations,
+    fla_poison_allocations,
     cu_seqlens,
     device_mismatch,
     fla_chunk_size,
