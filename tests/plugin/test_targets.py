@@ -81,3 +81,10 @@ def test_importing_the_plugin_initialises_nothing():
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_plugins_limits_are_the_kernels_limits():
+    """targets.py keeps its own copy (importing kernels would import torch and triton)."""
+    import kernels._arch
+
+    assert targets.SHARED_MEMORY_LIMIT == kernels._arch.SHARED_MEMORY_LIMIT
