@@ -27,7 +27,7 @@ step() {  # name, then the pytest arguments
   rc=$?
   end=$(date +%s.%N)
   tail -n 25 "$log"
-  printf '%s\tpytest %s\t%.1f\t%s\t%s\n' "$name" "$*" "$(echo "$end - $start" | bc)" "$rc" \
+  printf '%s\tpytest %s\t%.1f\t%s\t%s\n' "$name" "$*" "$(awk "BEGIN{print $end - $start}")" "$rc" \
     "$(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed|skipped).* in ' "$log" | tail -n 1)" >> "$TSV"
 }
 
