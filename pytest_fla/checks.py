@@ -251,3 +251,48 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
         return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
     return None
 
+
+
+def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) -> None:
+    """A batch whose tensors hold more than 2**31 elements (32-bit offsets wrap there):
+    the last rows must still be right. Forward only, bf16; the rows are tiled from a small
+    sample so that drawing inputs stays cheap, and the reference runs on that sample."""
+    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128}, options={"output_final_state": True})
+    small = spec.sample(base, "bf16", device, seed)
+    per_row = max(t[0].numel() for name, t in small.tensors().items() if spec.args.get(name) and spec.args[name].layout[0] == "B")
+    rows = -(-elements // per_row) + 1
+    repeats = -(-rows // 2)
+    big = {}
+    for name, value in small.kwargs.items():
+        arg = spec.args.get(name)
+        if isinstance(value, torch.Tensor) and arg is not None and arg.layout[0] in ("B", "N"):
+            value = value.repeat(repeats, *([1] * (value.dim() - 1)))
+        big[name] = value
+    with torch.no_grad():
+        out = spec.call(Sample(big))
+        ref = spec.call_reference(small)
+    last = (2 * repeats - 1) % 2  # the small-sample row the big batch's last row came from
+    for name, o, r in zip(spec.outputs, out, ref):
+        if r is None:
+            continue
+        assert_close(f"{spec.name}.{name}[last row of {o.shape[0]}]", o[-1:], r[last : last + 1], "bf16")
+        assert_close(f"{spec.name}.{name}[first row]", o[:1], r[:1], "bf16")
+
+
+def check_no_host_sync(spec: OpSpec, device, seed: int) -> None:
+    """With ``cu_seqlens_cpu`` given, or the same ``cu_seqlens`` seen before, a varlen
+    forward makes no device-to-host sync (``torch.cuda.set_sync_debug_mode('error')``
+    turns any sync into an error)."""
+    sample = spec.sample(spec.cases[0], "bf16", device, seed, lengths=(5, 70, 1, 33))
+    with torch.no_grad():
+        spec.call(sample)  # compiles, and validates this cu_seqlens once
+        with_cpu = Sample({**sample.kwargs, "cu_seqlens_cpu": sample.kwargs["cu_seqlens"].cpu()})
+        for label, s in (("cu_seqlens seen before", sample), ("cu_seqlens_cpu given", with_cpu)):
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                spec.call(s)
+            except RuntimeError as e:
+                raise AssertionError(f"{spec.name}: a device-to-host sync with {label}: {e}") from None
+            finally:
+                torch.cuda.set_sync_debug_mode("default")

@@ -32,9 +32,9 @@ def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fal
     k = k.repeat_interleave(HV // H, dim=2)
 
     def step(S, q_t, k_t, v_t, g_t, beta_t):
-        S = g_t.exp()[:, :, None] * S
+        S = g_t.exp()[..., None] * S
         # (I - β k k^T) S + β k v^T, regrouped as S + β k (v - S^T k)^T
-        S = S + outer(beta_t[:, None] * k_t, v_t - read(S, k_t))
+        S = S + outer(beta_t[..., None] * k_t, v_t - read(S, k_t))
         return S, read(S, scale * q_t)
 
     return run_recurrence(step, (q, k, v, g, beta), (HV, K, V), (HV, V),
@@ -88,7 +88,7 @@ def dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state=None, output_fi
 
     def step(S, q_t, k_t, v_t, a_t, b_t, gk_t):
         # b a^T S = b (S^T a)^T
-        S = gk_t.exp()[:, :, None] * S + outer(b_t, read(S, a_t)) + outer(k_t, v_t)
+        S = gk_t.exp()[..., None] * S + outer(b_t, read(S, a_t)) + outer(k_t, v_t)
         return S, read(S, scale * q_t)
 
     return run_recurrence(step, (q, k, v, a, b, gk), (H, K, V), (H, V),

@@ -26,7 +26,7 @@ def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu
     scale = K ** -0.5 if scale is None else scale
 
     def step(S, q_t, k_t, v_t, g_t):
-        S = g_t.exp()[:, :, None] * S + outer(k_t, v_t)
+        S = g_t.exp()[..., None] * S + outer(k_t, v_t)
         return S, read(S, scale * q_t)
 
     return run_recurrence(step, (q, k, v, g), (H, K, V), (H, V),
@@ -88,7 +88,7 @@ def rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=Fals
 
     def step(S, r_t, k_t, v_t, w_t):
         o = read(S + outer(u * k_t, v_t), scale * r_t)
-        S = w_t.exp()[:, :, None] * S + outer(k_t, v_t)
+        S = w_t.exp()[..., None] * S + outer(k_t, v_t)
         return S, o
 
     return run_recurrence(step, (r, k, v, w), (H, K, V), (H, V),

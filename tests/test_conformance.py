@@ -133,3 +133,21 @@ def test_deterministic(spec, dtype, device):
 @pytest.mark.parametrize("spec", [_param(spec) for spec in SPECS if spec.huge_grid is not None])
 def test_huge_grid(spec, device):
     checks.check_huge_grid(spec, "bf16" if device.type == "cuda" else "fp32", device, checks.seed_for("huge", spec.name))
+
+
+@pytest.mark.large_memory
+@pytest.mark.parametrize("spec", [_param(spec) for spec in SPECS if spec.huge_grid is not None])
+def test_int64_offsets(spec, device):
+    if device.type != "cuda":
+        pytest.skip("needs a GPU: tensors over 2**31 elements")
+    free, _ = torch.cuda.mem_get_info()
+    if free < 48 * 2**30:
+        pytest.skip(f"needs about 48 GiB of free GPU memory for tensors over 2**31 elements, {free / 2**30:.0f} GiB free")
+    checks.check_int64_offsets(spec, device, checks.seed_for("int64", spec.name))
+
+
+@pytest.mark.parametrize("spec", [_param(spec) for spec in SPECS if spec.varlen])
+def test_no_host_sync(spec, device):
+    if device.type != "cuda":
+        pytest.skip("device-to-host syncs exist only with a GPU")
+    checks.check_no_host_sync(spec, device, checks.seed_for("sync", spec.name))
