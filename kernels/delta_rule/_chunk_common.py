@@ -122,10 +122,18 @@ def rows_tile_t(base, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, co
 
 
 @triton.jit
+def rows_tile_store(base, value, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, col0,
+                    BR: tl.constexpr, BC: tl.constexpr):
+    """Store a [BR, BC] tile into a row-major [n_rows, n_cols] matrix, in the matrix's dtype."""
+    p = tl.make_block_ptr(base, (n_rows, n_cols), (row_stride, 1), (0, col0), (BR, BC), (1, 0))
+    tl.store(p, value.to(p.dtype.element_ty), boundary_check=(0, 1))
+
+
+@triton.jit
 def state_piece_load(base, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
-    """Key rows [i_p BKS, (i_p + 1) BKS) of the value block ``i_v`` of a [K, V] state, as fp32."""
+    """Key rows [i_p BKS, (i_p + 1) BKS) of the value block ``i_v`` of a [K, V] state."""
     p = tl.make_block_ptr(base, (K, V), (V, 1), (i_p * BKS, i_v * BV), (BKS, BV), (1, 0))
-    return tl.load(p, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    return tl.load(p, boundary_check=(0, 1), padding_option="zero")
 
 
 @triton.jit

@@ -40,10 +40,17 @@ Split time into chunks of BT = 64 tokens. Inside one chunk (rows i, j = 0..BT-1)
 
 * Next state: ``h' = e^{G_C} h + (K * e^{G_C - G})^T U`` (``G_C`` the last cumulative gate).
 
-Only ``exp`` of differences ``G_i - G_j`` with ``j <= i``, ``G_C - G_i`` and ``G_i``
-itself appear, each ``<= 0`` for ``g <= 0``; entries outside the masks are zeroed before
-``exp``. Launches (``chunk_fwd.py``): the chunk-parallel WY prepare (G, A, L, W, U~), the
-sequential state pass (h per chunk, U), the chunk-parallel output.
+Numerics. Only ``exp`` of differences ``G_i - G_j`` with ``j <= i``, ``G_C - G_i``,
+``G_i - G_0`` and ``G_i`` itself appear, each ``<= 0`` for ``g <= 0``; entries outside the
+masks are zeroed before ``exp``. G is kept in float64: under strong decay it reaches -1e4
+within a chunk, where float32 would leave every ``G_i - G_j`` off by about 1e-3. W is
+stored as ``e^{-G_0} W`` (``G_0 = g_0``, the chunk's first cumulative gate) and ``e^{G_0}``
+multiplies the fp32 result of ``W h``: under strong decay ``e^{G}`` is far below fp16's
+range while ``e^{G - G_0}`` reaches 1.
+
+Launches (``chunk_fwd.py``): the chunk-parallel WY prepare (G, A, L, W, U~), the
+sequential state pass (h per chunk, U), the chunk-parallel output (which also keeps P for
+the backward).
 
 Backward
 ========
@@ -81,13 +88,22 @@ Chunk gradients (``chunk_grad_kernel``), chunk-parallel, with ``dP = dO U^T``:
 
   (``dk^P``, ``dk^S``, ``dk^W``: the dk terms from P, the next state and W.)
   ``G`` is a chunk-local cumsum, so ``dg_t = sum_{s >= t in the chunk} dG_s``.
+  Two terms are formed so that no O(1) pieces cancel in float32: the P terms as
+  ``rowsum(M) - colsum(M)`` with ``M_ij = dP_ij P_ij`` over ``j < i`` only (the diagonal has
+  no gate and would cancel between ``q . dq`` and ``k . dk^P``), and the next-state terms
+  directly as their effect on ``g_t``, ``sum_{i < t} k_i . dk^S_i`` (``e^{G_C - G_i}``
+  depends on ``g_t`` for ``i < t <= C``), rather than as ``-k . dk^S`` plus a ``dG_C``.
 * l2 norm (``qk_grad_finalize_kernel``): ``y = x r``, ``r = (|x|^2 + eps)^{-1/2}``,
   ``dx = r (dy - y (y . dy))``, after summing dq, dk over the value heads of a key head.
 
-Everything the backward reads (G, L, W, the per-chunk states h, the pseudo-values U and
-the inverse norms) is kept from the forward, so the backward recomputes nothing: that
+Everything the backward reads (G, L, P, W, the per-chunk states h, the pseudo-values U
+and the inverse norms) is kept from the forward, so the backward recomputes nothing: that
 costs memory (h is ``T/64 * K * V`` per value head, in the input dtype) and saves a
-second state pass.
+second state pass and the ``Q K^T`` products.
+
+The state passes hold the state as up to four [64, BV] pieces of key rows, so that each
+product stages a [64, 64] operand tile rather than a [64, K] one (shared memory at K = 256
+on the 100 KB parts).
 
 Grouped value heads (GVA): q, k have H heads, v, g, beta HV (``HV % H == 0``); value
 head j reads key head ``j // (HV // H)``. The state is [N, HV, K, V] and o [B, T, HV, V].

@@ -20,8 +20,8 @@ import triton.language as tl
 
 from .._utils import empty
 from ._chunk_common import (
-    CHUNK, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, sequence_span, state_piece_load,
-    state_piece_store,
+    CHUNK, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, rows_tile_store, sequence_span,
+    state_piece_load, state_piece_store,
 )
 
 
@@ -120,8 +120,7 @@ def state_grad_kernel(
         if NKS > 2:
             b_dvn += _kd_dh(k_base, n_valid, 2, b_kf, b_dh3, H, K, BT, BKS)
             b_dvn += _kd_dh(k_base, n_valid, 3, b_kf, b_dh4, H, K, BT, BKS)
-        p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        tl.store(p_dvn, b_dvn.to(p_dvn.dtype.element_ty), boundary_check=(0, 1))
+        rows_tile_store(dvn + (t0 * HV + i_hv) * V, b_dvn, n_valid, HV * V, V, i_v * BV, BT, BV)
 
         # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)
         b_dvnd = b_dvn.to(DT)
@@ -184,8 +183,10 @@ def chunk_grad_kernel(
     else:
         b_eG = tl.where(valid, 1.0, 0.0)
         b_eGC = b_eG
-    p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
-    b_Ld = tl.load(p_L, boundary_check=(0, 1), padding_option="zero")
+    b_Ld = rows_tile(L + (t0 * HV + i_hv) * BT, n_valid, HV * BT, BT, 0, BT, BT)
+    q_base = q + (t0 * H + i_h) * K
+    k_base = k + (t0 * H + i_h) * K
+    v_row0 = (t0 * HV + i_hv) * V  # first element of this chunk's rows in v, do, vn, dvn, dv
 
     # Phase 1, over value blocks: dT = dU' Vt^T with Vt = V - (K e^G) h, dP = dO U'^T,
     # dv = diag(beta) L^T dU' (U' the pseudo-values).
@@ -193,25 +194,18 @@ def chunk_grad_kernel(
     b_dP = tl.zeros([BT, BT], dtype=tl.float32)
     b_kg = b_rk * b_eG
     for i_v in range(NV):
-        p_v = tl.make_block_ptr(v + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        p_do = tl.make_block_ptr(do + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        b_vt = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-        b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
-        b_dvn = tl.load(p_dvn, boundary_check=(0, 1), padding_option="zero").to(DT)
+        b_vt = rows_tile(v + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV).to(tl.float32)
+        b_do = rows_tile(do + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+        b_vn = rows_tile(vn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+        b_dvn = rows_tile(dvn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV).to(DT)
         for i_k in range(NK):
-            p_k = tl.make_block_ptr(k + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-            p_h = tl.make_block_ptr(h_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
-            b_h = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")
+            b_k = rows_tile(k_base, n_valid, H * K, K, i_k * BK, BT, BK)
+            b_h = state_piece_load(h_base, i_k, i_v, K, V, BK, BV)
             b_vt -= mm((b_k * b_kg[:, None]).to(DT), b_h)
         b_dT += mm(b_dvn, tl.trans(b_vt.to(DT)))
         b_dP += mm(b_do, tl.trans(b_vn))
         b_dv = mm(tl.trans(b_Ld), b_dvn) * b_beta[:, None]
-        p_dv = tl.make_block_ptr(dv + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        tl.store(p_dv, b_dv.to(p_dv.dtype.element_ty), boundary_check=(0, 1))
+        rows_tile_store(dv + v_row0, b_dv, n_valid, HV * V, V, i_v * BV, BT, BV)
 
     # Through T = L diag(beta), L = (I + A)^{-1}: dbeta_j += sum_i dT_ij L_ij,
     # dL = dT diag(beta), dA = -L^T dL L^T on the strictly lower part.
@@ -227,8 +221,8 @@ def chunk_grad_kernel(
     if USE_G:
         # The P terms of dG as row sum minus column sum of dP_ij P_ij over j < i: the
         # diagonal (no gate dependence) would cancel, but only up to rounding of O(1) terms.
-        p_P = tl.make_block_ptr(P + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
-        b_M = tl.where(strict, b_dP * tl.load(p_P, boundary_check=(0, 1), padding_option="zero").to(tl.float32), 0.0)
+        b_P = rows_tile(P + (t0 * HV + i_hv) * BT, n_valid, HV * BT, BT, 0, BT, BT)
+        b_M = tl.where(strict, b_dP * b_P.to(tl.float32), 0.0)
         b_dG += tl.sum(b_M, axis=1) - tl.sum(b_M, axis=0)
     # dot operands, with the inverse norms of the k (or q) rows they multiply folded in
     m_dq = (b_dPs * b_rk[None, :]).to(DT)
@@ -245,25 +239,18 @@ def chunk_grad_kernel(
         b_dw = tl.zeros([BT, BK], dtype=tl.float32)
         b_dk2 = tl.zeros([BT, BK], dtype=tl.float32)
         for i_v in range(NV):
-            p_do = tl.make_block_ptr(do + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-            p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-            p_dvn = tl.make_block_ptr(dvn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-            p_h = tl.make_block_ptr(h_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            p_dh = tl.make_block_ptr(dh_base, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-            b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero")
-            b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
-            b_dvn = tl.load(p_dvn, boundary_check=(0, 1), padding_option="zero").to(DT)
-            b_h = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")
-            b_dh = tl.load(p_dh, boundary_check=(0, 1), padding_option="zero")
+            b_do = rows_tile(do + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+            b_vn = rows_tile(vn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+            b_dvn = rows_tile(dvn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV).to(DT)
+            b_h = state_piece_load(h_base, i_k, i_v, K, V, BK, BV)
+            b_dh = state_piece_load(dh_base, i_k, i_v, K, V, BK, BV)
             b_dqh += mm(b_do, tl.trans(b_h))
             b_dw += mm(b_dvn, tl.trans(b_h))
             b_dk2 += mm(b_vn, tl.trans(b_dh))
             if USE_G:
                 b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
-        p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        p_k = tl.make_block_ptr(k + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_q = rows_tile(q_base, n_valid, H * K, K, i_k * BK, BT, BK)
+        b_k = rows_tile(k_base, n_valid, H * K, K, i_k * BK, BT, BK)
 
         # gradients with respect to the q, k the recurrence sees (normalised under L2NORM)
         b_dqh = b_dqh * (scale * b_eG)[:, None]
@@ -282,10 +269,8 @@ def chunk_grad_kernel(
             b_kdk2 += tl.sum(b_kn * b_dk2, axis=1)
             b_dG += tl.sum(b_qn * b_dqh, axis=1) - tl.sum(b_kn * (b_dk3 + b_dk4b - b_dk4a * b_beta[:, None]), axis=1)
 
-        p_dq = tl.make_block_ptr(dq + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        p_dk = tl.make_block_ptr(dk + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        tl.store(p_dq, b_dq.to(p_dq.dtype.element_ty), boundary_check=(0, 1))
-        tl.store(p_dk, b_dk.to(p_dk.dtype.element_ty), boundary_check=(0, 1))
+        rows_tile_store(dq + (t0 * HV + i_hv) * K, b_dq, n_valid, HV * K, K, i_k * BK, BT, BK)
+        rows_tile_store(dk + (t0 * HV + i_hv) * K, b_dk, n_valid, HV * K, K, i_k * BK, BT, BK)
 
     tl.store(dbeta + (t0 + rows) * HV + i_hv, b_dbeta_T + b_dbeta_A, mask=valid)
     if USE_G:

@@ -4,8 +4,8 @@ The math and its derivation are in ``kernels/delta_rule/chunk.py``. Three launch
 
 1. ``prepare_wy_kernel``, one program per (chunk, value head): chunk-local gate cumsum G,
    A = strictly-lower(diag(beta) K K^T * Gamma), its inverse L = (I + A)^{-1}, and
-   W = L diag(beta e^G) K, U = L diag(beta) V (also the key inverse norms under
-   ``use_qk_l2norm_in_kernel``).
+   W = L diag(beta e^G) K (kept as e^{-G_0} W), U~ = L diag(beta) V (also the key inverse
+   norms under ``use_qk_l2norm_in_kernel``).
 2. ``state_pass_kernel``, one program per (sequence, value head, value block), walking the
    chunks in order with the [K, BV] state in registers: stores each chunk's incoming
    state h and the pseudo-values U - W h.
@@ -23,8 +23,8 @@ import triton.language as tl
 
 from .._utils import empty
 from ._chunk_common import (
-    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, rows_tile_t, sequence_span,
-    state_piece_load, state_piece_store, state_slots,
+    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, rows_tile_store, rows_tile_t,
+    sequence_span, state_piece_load, state_piece_store, state_slots,
 )
 
 
@@ -96,8 +96,7 @@ def prepare_wy_kernel(
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_base, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_k = rows_tile(k_base, n_valid, H * K, K, i_k * BK, BT, BK)
         b_A += mm(b_k, tl.trans(b_k))
         if L2NORM:
             b_kf = b_k.to(tl.float32)
@@ -119,23 +118,19 @@ def prepare_wy_kernel(
     b_AT = tl.where(strict_t, b_AT * b_beta[None, :], 0.0)
     b_A = tl.where(strict, b_A * b_beta[:, None], 0.0)
     b_L = unit_lower_inverse(b_A, b_AT, BT, DT)
-    if STORE_L:
-        p_L = tl.make_block_ptr(L + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
-        tl.store(p_L, b_L.to(DT), boundary_check=(0, 1))
     b_Ld = b_L.to(DT)
+    if STORE_L:
+        rows_tile_store(L + (t0 * HV + i_hv) * BT, b_Ld, n_valid, HV * BT, BT, 0, BT, BT)
 
+    # W = L diag(beta e^{G - G_0}) K, U~ = L diag(beta) V
     for i_k in range(tl.cdiv(K, BK)):
-        p_k = tl.make_block_ptr(k_base, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero")
+        b_k = rows_tile(k_base, n_valid, H * K, K, i_k * BK, BT, BK)
         b_w = mm(b_Ld, (b_k * b_kscale[:, None]).to(DT))
-        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (n_valid, K), (HV * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        tl.store(p_w, b_w.to(DT), boundary_check=(0, 1))
+        rows_tile_store(w + (t0 * HV + i_hv) * K, b_w, n_valid, HV * K, K, i_k * BK, BT, BK)
     for i_v in range(tl.cdiv(V, BV)):
-        p_v = tl.make_block_ptr(v + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+        b_v = rows_tile(v + (t0 * HV + i_hv) * V, n_valid, HV * V, V, i_v * BV, BT, BV)
         b_u = mm(b_Ld, (b_v * b_beta[:, None]).to(DT))
-        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        tl.store(p_u, b_u.to(DT), boundary_check=(0, 1))
+        rows_tile_store(u + (t0 * HV + i_hv) * V, b_u, n_valid, HV * V, V, i_v * BV, BT, BV)
 
 
 @triton.jit
@@ -202,8 +197,7 @@ def state_pass_kernel(
         if USE_G:
             b_wh = b_wh * tl.exp(tl.load(G + t0 * HV + i_hv).to(tl.float32))
         b_vn = rows_tile(u + (t0 * HV + i_hv) * V, n_valid, HV * V, V, i_v * BV, BT, BV).to(tl.float32) - b_wh
-        p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-        tl.store(p_vn, b_vn.to(DT), boundary_check=(0, 1))
+        rows_tile_store(vn + (t0 * HV + i_hv) * V, b_vn, n_valid, HV * V, V, i_v * BV, BT, BV)
 
         # h <- e^{G_C} h + (K * e^{G_C - G})^T (U - W h)
         decay = 1.0
@@ -255,12 +249,9 @@ def output_kernel(
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        p_q = tl.make_block_ptr(q + (t0 * H + i_h) * K, (n_valid, K), (H * K, 1), (0, i_k * BK), (BT, BK), (1, 0))
-        p_kt = tl.make_block_ptr(k + (t0 * H + i_h) * K, (K, n_valid), (1, H * K), (i_k * BK, 0), (BK, BT), (0, 1))
-        p_h = tl.make_block_ptr(h + (slot * HV + i_hv) * K * V, (K, V), (V, 1), (i_k * BK, i_v * BV), (BK, BV), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero")
-        b_kt = tl.load(p_kt, boundary_check=(0, 1), padding_option="zero")
-        b_h = tl.load(p_h, boundary_check=(0, 1), padding_option="zero")
+        b_q = rows_tile(q + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
+        b_kt = rows_tile_t(k + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
+        b_h = state_piece_load(h + (slot * HV + i_hv) * K * V, i_k, i_v, K, V, BK, BV)
         b_o += mm(b_q, b_h)
         b_A += mm(b_q, b_kt)
         if L2NORM:
@@ -282,15 +273,12 @@ def output_kernel(
     b_A = tl.where(causal, b_A, 0.0)
     if STORE_P:
         # the backward reads P = scale (Q K^T) * Gamma instead of recomputing it
-        p_P = tl.make_block_ptr(P + (t0 * HV + i_hv) * BT, (n_valid, BT), (HV * BT, 1), (0, 0), (BT, BT), (1, 0))
         if i_v == 0:
-            tl.store(p_P, (b_A * scale).to(DT), boundary_check=(0, 1))
+            rows_tile_store(P + (t0 * HV + i_hv) * BT, b_A * scale, n_valid, HV * BT, BT, 0, BT, BT)
 
-    p_vn = tl.make_block_ptr(vn + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-    b_vn = tl.load(p_vn, boundary_check=(0, 1), padding_option="zero")
+    b_vn = rows_tile(vn + (t0 * HV + i_hv) * V, n_valid, HV * V, V, i_v * BV, BT, BV)
     b_o = (b_o + mm(b_A.to(DT), b_vn)) * scale
-    p_o = tl.make_block_ptr(o + (t0 * HV + i_hv) * V, (n_valid, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-    tl.store(p_o, b_o.to(p_o.dtype.element_ty), boundary_check=(0, 1))
+    rows_tile_store(o + (t0 * HV + i_hv) * V, b_o, n_valid, HV * V, V, i_v * BV, BT, BV)
 
 
 def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map,

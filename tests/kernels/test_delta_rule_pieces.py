@@ -77,7 +77,7 @@ def _inputs(lengths, H, HV, K, V, normalizer, seed=0):
     return tuple(x.float().double() for x in (q, k, v, g, beta, h0))
 
 
-def _prefix_states(k, v, g, beta, h0, lengths):
+def _prefix_states(k, v, g, beta, h0, lengths, gated):
     """S_t for t = 0..L of every sequence (S_0 its initial state), from the reference: all
     prefixes of all sequences packed into one varlen call, each returning its final state."""
     starts = [0]
@@ -92,9 +92,11 @@ def _prefix_states(k, v, g, beta, h0, lengths):
     idx = torch.cat(pieces)
     cu = torch.tensor([0] + prefix_lengths).cumsum(0)
     q_dummy = torch.zeros_like(k[:, idx])
-    _, final = reference.gated_delta_rule(q_dummy, k[:, idx], v[:, idx], g[:, idx], beta[:, idx],
-                                          initial_state=torch.stack(states0), output_final_state=True,
-                                          cu_seqlens=cu)
+    common = dict(initial_state=torch.stack(states0), output_final_state=True, cu_seqlens=cu)
+    if gated:
+        _, final = reference.gated_delta_rule(q_dummy, k[:, idx], v[:, idx], g[:, idx], beta[:, idx], **common)
+    else:
+        _, final = reference.delta_rule(q_dummy, k[:, idx], v[:, idx], beta[:, idx], **common)
     out, i = [], 0
     for L in lengths:
         out.append(final[i:i + L + 1])
@@ -104,23 +106,26 @@ def _prefix_states(k, v, g, beta, h0, lengths):
 
 @pytest.mark.parametrize(
     "lengths,H,HV,normalizer",
-    [((80,), 1, 2, 8.0), ((3, 70, 0, 64), 2, 2, 1.0), ((100,), 1, 1, 0.05)],
-    ids=["gva_one_sequence", "varlen_edges", "strong_decay"],
+    [((80,), 1, 2, 8.0), ((3, 70, 0, 64), 2, 2, 1.0), ((100,), 1, 1, 0.05), ((70,), 1, 1, None)],
+    ids=["gated_gva", "gated_varlen_edges", "gated_strong_decay", "delta_rule"],
 )
 def test_forward_pieces(device, lengths, H, HV, normalizer):
     K, V = 16, 16
-    q, k, v, g, beta, h0 = _inputs(lengths, H, HV, K, V, normalizer)
-    T = sum(lengths)
+    gated = normalizer is not None
+    q, k, v, g, beta, h0 = _inputs(lengths, H, HV, K, V, normalizer or 1.0)
+    if not gated:
+        g = torch.zeros_like(g)
     offsets = torch.tensor([0, *lengths]).cumsum(0)
     table = chunk_map(offsets, BT, device)
     cfg = choose_configs(K, V, torch.float32)
     f32 = [x.float().to(device) for x in (q, k, v, g, beta, h0)]
-    _, _, saved = chunk_fwd(*f32[:5], K ** -0.5, f32[5], False, offsets.to(device), table, len(lengths),
-                            False, True, cfg)
-    G, L, W, h, vn = (saved[n].double().cpu() for n in ("G", "L", "w", "h", "vn"))
+    _, _, saved = chunk_fwd(f32[0], f32[1], f32[2], f32[3] if gated else None, f32[4], K ** -0.5, f32[5], False,
+                            offsets.to(device), table, len(lengths), False, True, cfg)
+    L, W, h, vn = (saved[n].double().cpu() for n in ("L", "w", "h", "vn"))
+    G = saved["G"].double().cpu() if gated else torch.zeros_like(g)
 
     kk = k.repeat_interleave(HV // H, dim=2)
-    states = _prefix_states(k, v, g, beta, h0, lengths)
+    states = _prefix_states(k, v, g, beta, h0, lengths, gated)
     for n, (bos, length) in enumerate(zip(offsets[:-1].tolist(), lengths)):
         for c in range(triton.cdiv(length, BT)):
             t0, t1 = bos + c * BT, min(bos + (c + 1) * BT, bos + length)
