@@ -1,5 +1,8 @@
 """delta_rule and gated_delta_rule, chunked.
 
+Each is checked against its fused-recurrent form (``agrees_with``; those specs live in
+``delta_rule_recurrent.py``).
+
 Keys are L2-normalised as callers normally do (OPS.md); ``use_qk_l2norm_in_kernel`` cases
 also normalise inside the kernels. The gated rule is checked with grouped value heads
 (HV = 2 H) and under strong decay.
@@ -54,9 +57,11 @@ SPECS = [
     linear_attention_spec(
         "chunk_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
         grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=COMPILE,
+        agrees_with="fused_recurrent_gated_delta_rule",
     ),
     linear_attention_spec(
         "chunk_delta_rule", "delta_rule", DELTA_ARGS, DELTA_CASES,
         grads=("q", "k", "v", "beta", "initial_state"), chunk_size=64, compile_cases=DELTA_COMPILE,
+        agrees_with="fused_recurrent_delta_rule",
     ),
 ]
