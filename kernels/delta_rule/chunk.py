@@ -33,7 +33,8 @@ Split time into chunks of BT = 64 tokens. Inside one chunk (rows i, j = 0..BT-1)
   blocks by forward substitution and merges them: with ``D`` the block-diagonal inverse and
   ``A_o`` the part below the diagonal blocks, ``I + A = (I + A_d)(I + D A_o)`` and
   ``N = D A_o`` is nilpotent (``N^4 = 0`` for four blocks), so
-  ``L = (I - N)(I + N^2) D``: four fp32 tensor-core products.
+  ``L = (I - N)(I + N^2) D``: four tensor-core products (in the input dtype, three-pass
+  tf32 for fp32 inputs: L is rounded to that dtype for W and U~ anyway).
 * Output, ``P = scale (Q K^T) * Gamma`` on ``j <= i``:
 
       O = scale (Q * e^G) h + P U.
@@ -127,12 +128,11 @@ MAX_HEAD_DIM = 256
 class _ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                chunk_map, num_seqs, l2norm):
+                chunk_map, num_seqs, l2norm, keep):
         q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
         g = g.contiguous() if g is not None else None
         initial_state = initial_state.contiguous() if initial_state is not None else None
         cfg = choose_configs(q.shape[-1], v.shape[-1], q.dtype)
-        keep = any(ctx.needs_input_grad)
         o, final_state, saved = chunk_fwd(
             q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map,
             num_seqs, l2norm, keep, cfg,
@@ -154,7 +154,7 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
             dht.contiguous() if dht is not None else None,
             cu_seqlens, chunk_map, num_seqs, l2norm, saved, cfg,
         )
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None
+        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None, None
 
 
 def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, gated):
@@ -199,9 +199,13 @@ def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
                            gated=g is not None)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
+    # what the backward reads is kept only when a backward can follow (not under no_grad)
+    keep = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
+    )
     return _ChunkGatedDeltaRule.apply(
         q, k, v, g, beta, scale, initial_state, bool(output_final_state), cu_seqlens, table, N,
-        bool(use_qk_l2norm_in_kernel),
+        bool(use_qk_l2norm_in_kernel), keep,
     )
 
 
