@@ -95,11 +95,11 @@ def check_devices(op: str, **tensors) -> torch.device:
     device = first.device
     if device.type == "cpu" and not (_arch.is_interpreter() or _arch.CAPTURING_LAUNCHES):
         raise ValueError(
-            f"{op}: tensors are on the CPU; the kernels run on a CUDA device "
+            f"{op}: `{first_name}` and the other tensors are on the CPU; the kernels run on a CUDA device "
             "(or on the CPU under TRITON_INTERPRET=1)"
         )
-    if device.type not in ("cuda", "cpu", "meta"):
-        raise ValueError(f"{op}: tensors are on {device}; expected a CUDA device")
+    if device.type not in ("cuda", "cpu", "meta") or (device.type == "meta" and not _arch.CAPTURING_LAUNCHES):
+        raise ValueError(f"{op}: `{first_name}` and the other tensors are on {device}; expected a CUDA device")
     return device
 
 

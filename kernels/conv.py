@@ -392,7 +392,8 @@ def causal_conv1d(
         V.check_tensor(op, "bias", bias)
     if activation not in _ACTIVATIONS:
         raise ValueError(f"{op}: `activation` must be None, 'silu' or 'swish', got {activation!r}")
-    device = V.check_devices(op, x=x, weight=weight, bias=bias, initial_state=initial_state)
+    device = V.check_devices(op, x=x, weight=weight, bias=bias, initial_state=initial_state,
+                             cu_seqlens=cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None)
     V.check_ndim(op, "x", x, 3, "[B, T, D]")
     V.check_ndim(op, "weight", weight, 2, "[D, W]")
     B, T, D = x.shape

@@ -232,11 +232,16 @@ def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=No
         V.check_tensor(op, "seqlen_offset", offsets, INDEX_DTYPES)
     elif isinstance(seqlen_offset, bool) or not isinstance(seqlen_offset, int):
         raise TypeError(f"{op}: `seqlen_offset` must be an int or an int tensor [N], got {type(seqlen_offset).__name__}")
-    device = V.check_devices(op, x=x, cos=cos, sin=sin, seqlen_offset=offsets)
+    device = V.check_devices(op, x=x, cos=cos, sin=sin, seqlen_offset=offsets,
+                             cu_seqlens=cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None)
     V.check_ndim(op, "x", x, 4, "[B, T, H, D]")
     B, T, H, D = x.shape
     V.check_range(op, "the head dim D (x.shape[-1])", D, 2, MAX_HEAD_DIM)
-    host = _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
+    # only a call with offsets reaches the (compile-disabled) value check: the common
+    # call stays one graph under torch.compile(fullgraph=True)
+    host = None
+    if cu_seqlens is not None or cu_seqlens_cpu is not None:
+        host = _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if offsets is not None:
         V.check_shape(op, "seqlen_offset", offsets, (N,), "[N] (one offset per sequence)")
