@@ -26,13 +26,15 @@ def multiprocessor_count(device: torch.device) -> int:
     return DEFAULT_MULTIPROCESSORS
 
 
-def partial_programs(device: torch.device, work_items: int, num_warps: int, other_programs: int = 1) -> int:
-    """How many programs ``P`` share ``work_items`` blocks of rows, when each is launched
-    ``other_programs`` times (say once per channel block): enough for every multiprocessor
-    to hold about 32 resident warps, and no more, so the ``[P, C]`` partial buffer stays
-    small next to the data."""
+def partial_programs(device: torch.device, work_items: int, num_warps: int) -> int:
+    """How many programs ``P`` share ``work_items`` blocks of rows: enough for every
+    multiprocessor to hold about 32 resident warps, and few enough that the ``[P, C]``
+    partial buffer stays small next to the data (at most one row per 16 blocks beyond that)."""
     per_sm = max(1, 32 // num_warps)
-    wanted = _utils.cdiv(per_sm * multiprocessor_count(device), other_programs)
+    wanted = per_sm * multiprocessor_count(device)
+    # at most 16 items a program: the last wave of programs is then a small share of the
+    # time even when fewer programs than planned fit on a multiprocessor at once
+    wanted = max(wanted, _utils.cdiv(work_items, 16))
     return max(1, min(work_items, wanted))
 
 

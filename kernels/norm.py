@@ -155,7 +155,7 @@ def _tile_config(D: int, elements: int):
     """(BLOCK_R, BLOCK_D, num_warps): whole rows, about ``elements`` values a program."""
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_R = max(1, elements // BLOCK_D)
-    num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 512))
+    num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 256))
     return BLOCK_R, BLOCK_D, num_warps
 
 
@@ -176,7 +176,7 @@ def _forward(x, g, weight, bias, eps, mean, gate):
     rows = x2.shape[0]
     y = _utils.empty((rows, D), x.dtype, x.device)
     if rows > 0:
-        BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 4096)
+        BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 2048)
         _norm_fwd_kernel[(_utils.cdiv(rows, BLOCK_R),)](
             x2, g2, weight, bias, y,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
@@ -194,8 +194,10 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
     dx = _utils.empty((rows, D), x.dtype, x.device)
     dg = _utils.empty((rows, D), g.dtype, g.device) if g is not None else None
     slots = (weight is not None) + (bias is not None)
-    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 4096)
-    programs = _partials.partial_programs(x.device, _utils.cdiv(rows, BLOCK_R), num_warps)
+    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 2048)
+    blocks = _utils.cdiv(rows, BLOCK_R)
+    # one row block a program when there is no parameter gradient to sum
+    programs = _partials.partial_programs(x.device, blocks, num_warps) if slots else max(1, blocks)
     dparams = _utils.empty((programs, slots * D), torch.float32, x.device) if slots else None
     if rows > 0:
         _norm_bwd_kernel[(programs,)](

@@ -200,6 +200,31 @@ def _rotary_backward(ctx, dy):
 rotary_op.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
 
 
+class _RotaryFunction(torch.autograd.Function):
+    """Eager twin of ``rotary_op``: the same launches without the custom-op dispatcher,
+    whose per-call argument handling costs more host time than the kernel takes on a GPU."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved):
+        ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
+        ctx.scalars = (rotary_dim, base, offset, interleaved)
+        return _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin, offsets, cu_seqlens = ctx.saved_tensors
+        rotary_dim, base, offset, interleaved = ctx.scalars
+        dx = _launch(dy, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, True)
+        return dx, None, None, None, None, None, None, None, None
+
+
+def _rotate(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved):
+    """The custom op under ``torch.compile`` (one opaque node), the autograd.Function in eager."""
+    if torch.compiler.is_compiling():
+        return rotary_op(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False)
+    return _RotaryFunction.apply(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved)
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -297,7 +322,7 @@ def _apply_rotary(op, x, dim, base, interleaved, seqlen_offset, cu_seqlens, cu_s
     _check_rotary_dim(op, dim, x.shape[-1])
     if not isinstance(base, (int, float)) or not base > 0:
         raise ValueError(f"{op}: `base` must be a number > 0, got {base!r}")
-    return rotary_op(x, None, None, offsets, cu_seqlens, dim, float(base), offset, bool(interleaved), False)
+    return _rotate(x, None, None, offsets, cu_seqlens, dim, float(base), offset, bool(interleaved))
 
 
 def rotary_embedding(
@@ -330,7 +355,7 @@ def rotary_embedding(
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         raise ValueError(f"{op}: `cos` and `sin` get no gradient here; pass them detached")
     _check_table_positions(op, x, cos, offsets, offset, host_cu)
-    return rotary_op(x, cos, sin, offsets, cu_seqlens, 2 * cos.shape[1], 0.0, offset, bool(interleaved), False)
+    return _rotate(x, cos, sin, offsets, cu_seqlens, 2 * cos.shape[1], 0.0, offset, bool(interleaved))
 
 
 class RotaryEmbedding(torch.nn.Module):
