@@ -23,8 +23,10 @@ Where the angles come from:
 
 The backward of a rotation is the rotation by ``-theta``: the same kernel with ``sin``
 negated. The op is registered as ``torch.ops.pytest_fla.rotary`` (``custom_op`` with a
-fake and an autograd rule), so ``torch.compile`` treats it as one opaque call; the
-Python wrappers validate before it.
+fake and an autograd rule), and under ``torch.compile`` the wrappers call it, so the graph
+holds one opaque node per tensor; in eager mode they call an ``autograd.Function`` over the
+same launches instead, since the custom-op dispatcher's per-call argument handling costs
+more host time than the kernel takes on the GPU. The Python wrappers validate first.
 
 Kernel: one launch per tensor, grid ``(B * cdiv(T, BLOCK_T), cdiv(H, BLOCK_H))``: a
 program owns ``BLOCK_T`` tokens times ``BLOCK_H`` heads (about 8K elements), computes
@@ -248,16 +250,16 @@ def _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device):
     return V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
 
 
-def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=None):
+def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=None, offset_name="seqlen_offset"):
     """Checks shared by the wrappers; returns ``(N, offsets tensor or None, int offset,
     host offsets or None)``."""
     V.check_tensor(op, "x", x)
     offsets = seqlen_offset if isinstance(seqlen_offset, torch.Tensor) else None
     if offsets is not None:
-        V.check_tensor(op, "seqlen_offset", offsets, INDEX_DTYPES)
+        V.check_tensor(op, offset_name, offsets, INDEX_DTYPES)
     elif isinstance(seqlen_offset, bool) or not isinstance(seqlen_offset, int):
-        raise TypeError(f"{op}: `seqlen_offset` must be an int or an int tensor [N], got {type(seqlen_offset).__name__}")
-    device = V.check_devices(op, x=x, cos=cos, sin=sin, seqlen_offset=offsets,
+        raise TypeError(f"{op}: `{offset_name}` must be an int or an int tensor [N], got {type(seqlen_offset).__name__}")
+    device = V.check_devices(op, x=x, cos=cos, sin=sin, **{offset_name: offsets},
                              cu_seqlens=cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None)
     V.check_ndim(op, "x", x, 4, "[B, T, H, D]")
     B, T, H, D = x.shape
@@ -269,7 +271,7 @@ def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=No
         host = _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if offsets is not None:
-        V.check_shape(op, "seqlen_offset", offsets, (N,), "[N] (one offset per sequence)")
+        V.check_shape(op, offset_name, offsets, (N,), "[N] (one offset per sequence)")
     return N, offsets, 0 if offsets is not None else int(seqlen_offset), host
 
 
@@ -285,7 +287,7 @@ def _check_table_positions(op, x, cos, offsets, offset, host_cu):
         lo, hi = offset, offset + (int(lengths.max()) if lengths.numel() else 0)
     else:
         if offsets.device.type == "meta":
-            raise ValueError(f"{op}: a `seqlen_offset` tensor on the meta device cannot be range-checked")
+            raise ValueError(f"{op}: a `seqlen_offsets` tensor on the meta device cannot be range-checked")
         values = _host_values(offsets)
         nonempty = lengths > 0
         lo = int(values[nonempty].min()) if nonempty.any() else 0
@@ -346,7 +348,8 @@ def rotary_embedding(
     op = "rotary_embedding"
     for name, t in (("cos", cos), ("sin", sin)):
         V.check_tensor(op, name, t)
-    N, offsets, offset, host_cu = _validate(op, x, seqlen_offsets, cu_seqlens, cu_seqlens_cpu, cos, sin)
+    N, offsets, offset, host_cu = _validate(op, x, seqlen_offsets, cu_seqlens, cu_seqlens_cpu, cos, sin,
+                                            offset_name="seqlen_offsets")
     V.check_ndim(op, "cos", cos, 2, "[max_pos, R/2]")
     V.check_shape(op, "sin", sin, cos.shape, "the shape of cos")
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():
