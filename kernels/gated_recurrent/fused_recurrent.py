@@ -308,50 +308,58 @@ class FusedRecurrentFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, g_gamma, gk, initial_state, cu_seqlens = ctx.saved_tensors
-        scale, N = ctx.scale, ctx.N
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, backward=True)
-        NV = cdiv(V, cfg["BV"])
-        do = do.contiguous()
-        if dht is not None:
-            dht = dht.contiguous()
-        gate = gk if gk is not None else g
-        need_dgate = gate is not None and ctx.needs_input_grad[5 if gk is not None else 3]
-        dq_part = empty((NV, B * T, H, K), torch.float32, q.device)
-        dk_part = empty((NV, B * T, H, K), torch.float32, q.device)
-        dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
-        slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
-        checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
-        dv = empty(v.shape, v.dtype, v.device)
+        gate_index = 5 if gk is not None else 3
+        need_dgate = (gk is not None or g is not None) and ctx.needs_input_grad[gate_index]
         need_dh0 = initial_state is not None and ctx.needs_input_grad[7]
-        dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
-        gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None)
-        fused_recurrent_fwd_kernel[(N * H * NV,)](
-            do, k, v, g, g_gamma, gk, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
-            USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
-            IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
-        )
-        fused_recurrent_bwd_kernel[(N * H * NV,)](
-            q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, B * T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
-            GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-            IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"],
-        )
-
-        dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
-        dgate = empty(gate.shape, gate.dtype, gate.device) if need_dgate else None
-        n_rows = B * T * H
-        BR = max(16, 4096 // cfg["BK"])
-        if n_rows > 0:
-            fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
-                dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
-                K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
-            )
+        dq, dk, dv, dgate, dh0 = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
+                                                    ctx.scale, ctx.N, need_dgate, need_dh0)
         dg = dgate if gk is None else None
         dgk = dgate if gk is not None else None
         return dq, dk, dv, dg, None, dgk, None, dh0, None, None, None
+
+
+def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens, scale, N, need_dgate, need_dh0):
+    """dq, dk, dv, d(gate) and d(initial_state) of the recurrence, by the fused backward
+    (module docstring); the gate is gk if given, else g (+ g_gamma, which gets no gradient)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    cfg = _configs(K, V, backward=True)
+    NV = cdiv(V, cfg["BV"])
+    do = do.contiguous()
+    if dht is not None:
+        dht = dht.contiguous()
+    gate = gk if gk is not None else g
+    dq_part = empty((NV, B * T, H, K), torch.float32, q.device)
+    dk_part = empty((NV, B * T, H, K), torch.float32, q.device)
+    dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
+    slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
+    checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
+    dv = empty(v.shape, v.dtype, v.device)
+    dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
+    gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None)
+    fused_recurrent_fwd_kernel[(N * H * NV,)](
+        do, k, v, g, g_gamma, gk, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
+        USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+    )
+    fused_recurrent_bwd_kernel[(N * H * NV,)](
+        q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
+        GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"],
+    )
+
+    dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
+    dgate = empty(gate.shape, gate.dtype, gate.device) if need_dgate else None
+    n_rows = B * T * H
+    BR = max(16, 4096 // cfg["BK"])
+    if n_rows > 0:
+        fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
+            dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
+            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
+        )
+    return dq, dk, dv, dgate, dh0
 
 
 def _fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens,

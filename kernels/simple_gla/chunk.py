@@ -69,15 +69,20 @@ import triton.language as tl
 
 from .. import _arch
 from .._utils import block_size, cdiv, chunk_map, empty
-from .._validate import check_range
+from ..gated_recurrent.fused_recurrent import recurrent_backward
 from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
 
 CHUNK_SIZE = 64
-# Shared memory (bytes) an arch needs for float32 inputs with K > 128 (measured by offline
-# compile: the gradient kernel takes 131072 bytes at K = 256); smaller archs (sm86, sm89,
-# sm120, sm75) support float32 only up to K = 128.
+# Shared memory (bytes) the chunk gradient kernel needs for float32 inputs with K > 128: it
+# keeps q and k [64, K] as dot operands, 131072 bytes at K = 256 (offline compile). On
+# smaller archs (sm75, sm86, sm89, sm120) that one configuration takes its gradients from
+# the fused-recurrent backward instead (registers only; exact, but sequential in T).
 FP32_WIDE_K_SMEM = 140 * 1024
+
+
+def _chunk_grad_fits(K: int, dtype) -> bool:
+    return not (dtype == torch.float32 and K > 128 and _arch.shared_memory_limit() < FP32_WIDE_K_SMEM)
 
 
 @triton.jit
@@ -433,6 +438,11 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
+        if not _chunk_grad_fits(K, q.dtype):
+            dq, dk, dv, dg, dh0 = recurrent_backward(
+                q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N,
+                g is not None and ctx.needs_input_grad[3], initial_state is not None and ctx.needs_input_grad[6])
+            return dq, dk, dv, dg, None, None, dh0, None, None, None, None
         dstates = empty(states.shape, q.dtype, q.device)
         need_dh0 = initial_state is not None and ctx.needs_input_grad[6]
         dh0 = empty((N, H, K, V), torch.float32, q.device) if need_dh0 else None
@@ -458,10 +468,6 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
 def _chunk_gated(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
     shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, scale=scale, initial_state=initial_state,
                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-    if q.dtype == torch.float32 and _arch.shared_memory_limit() < FP32_WIDE_K_SMEM:
-        # the gradient kernel keeps q and k [64, K] as dot operands: 128 KiB in fp32 at K = 256
-        check_range(op, f"key head dim K (q.shape[-1]) for float32 inputs on sm{_arch.target_arch()}", shapes.K,
-                    1, 128)
     contiguous = [None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, initial_state)]
     return ChunkSimpleGLAFunction.apply(*contiguous[:5], shapes.scale, contiguous[5], bool(output_final_state),
                                         cu_seqlens, shapes.offsets_host, shapes.N)
