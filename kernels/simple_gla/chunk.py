@@ -74,15 +74,20 @@ from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_sl
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
 
 CHUNK_SIZE = 64
-# Shared memory (bytes) the chunk gradient kernel needs for float32 inputs with K > 128: it
-# keeps q and k [64, K] as dot operands, 131072 bytes at K = 256 (offline compile). On
-# smaller archs (sm75, sm86, sm89, sm120) that one configuration takes its gradients from
-# the fused-recurrent backward instead (registers only; exact, but sequential in T).
+# Where the chunk gradient kernel does not fit, gradients come from the fused-recurrent
+# backward instead (registers only; exact, but sequential in T). The kernel keeps q and k
+# [64, K] as dot operands; by offline compile it needs 131072 bytes for float32 at
+# K = 256 (over sm86/89/120's 101376), and on sm75 (65536, no bf16 tensor cores) 122880
+# bytes already at K = 128: sm75 always takes the fused backward.
 FP32_WIDE_K_SMEM = 140 * 1024
+SMALL_SMEM = 96 * 1024
 
 
 def _chunk_grad_fits(K: int, dtype) -> bool:
-    return not (dtype == torch.float32 and K > 128 and _arch.shared_memory_limit() < FP32_WIDE_K_SMEM)
+    smem = _arch.shared_memory_limit()
+    if smem < SMALL_SMEM:
+        return False
+    return not (dtype == torch.float32 and K > 128 and smem < FP32_WIDE_K_SMEM)
 
 
 @triton.jit
