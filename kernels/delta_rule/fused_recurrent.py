@@ -1,0 +1,594 @@
+"""Fused-recurrent delta rules: one pass over time, the state held in registers.
+
+Three ops share one forward kernel and one backward kernel; a ``tl.constexpr`` gate
+switch selects the decay (contract: OPS.md):
+
+* ``fused_recurrent_delta_rule``:       ``S_t = (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
+* ``fused_recurrent_gated_delta_rule``: ``S_t = e^{g_t} (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
+* ``fused_recurrent_kda``:              ``S' = diag(e^{g_t}) S_{t-1}``,
+  ``S_t = (I - β_t k_t k_t^T) S' + β_t k_t v_t^T``
+
+and ``o_t = S_t^T (scale q_t)``. The scalar gate commutes with ``I - β k k^T``, so all
+three are one step: decay ``S' = D_t S_{t-1}`` (``D_t`` = 1, ``e^{g_t}`` or
+``diag(e^{g_t})``), then the delta write, regrouped so that it never forms a K x K matrix::
+
+    p_t = S'^T k_t                 (what the state currently recalls for k_t)
+    r_t = v_t - p_t                (the residual the write corrects)
+    u_t = β_t r_t
+    S_t = S' + k_t u_t^T
+    o_t = S_t^T q~_t,  q~_t = scale * q_t   (q_t, k_t L2-normalised first when asked)
+
+Grouped value heads: q, k have H heads, v, beta, g have HV = G * H; value head j reads
+query/key head j // G. Columns of S are independent given k and β, so the forward splits
+V across programs: one program owns a [K, BV] tile of one value head's state, for one
+sequence, and walks its tokens in order. Grid: ``N * HV * cdiv(V, BV)`` on axis 0.
+
+Backward
+--------
+The adjoint of one step, with dS the gradient w.r.t. S_t (the future's, plus
+``q~_t do_t^T`` from o_t)::
+
+    dq~_t = S_t do_t
+    du    = dS^T k_t          dv_t = β_t du          dβ_t = du · r_t
+    dp    = -β_t du
+    dk_t  = dS u_t + S' dp
+    dS'   = dS + k_t dp^T     (= (I - β_t k_t k_t^T) dS)
+    dg_t  = Σ_ij dS'_ij S'_ij  (scalar gate)   or   Σ_j dS'_ij S'_ij  (per channel i)
+    dS_{t-1} = D_t dS'
+
+It walks time backwards and needs S'_t = D_t S_{t-1} at each step. The transition
+``D_t (I - β k k^T)`` is singular at β = 1 with a unit k, and inverting ``e^{g}`` under
+strong decay multiplies the rounding error by ``e^{-g}``, so the states are never
+reconstructed backwards. Instead:
+
+* the forward (when a gradient is needed) stores a checkpoint of the state every C steps
+  (the state *before* the chunk's first token);
+* the backward walks the chunks last to first; for each it reloads the chunk's
+  checkpoint, replays the chunk's C steps forward -- the very same arithmetic as the
+  forward, so the replayed states are bitwise the forward's -- writing each S'_t to a
+  per-program scratch tile in global memory, then walks the chunk backwards reading
+  S'_t back.
+
+Memory: checkpoints ``(ΣT/C + N) * HV * K * V`` floats plus scratch
+``N * HV * C * K * V`` floats; C ~ sqrt(T) (16 .. 128) balances the two. Compute: one
+extra forward step per backward step. The scratch tile of a program is rewritten every
+chunk, so it stays in L2 for small C. Numerically the backward sees exactly the forward's
+states, so its accuracy is that of the adjoint recurrence itself, whatever β and g are.
+
+The gradients of q, k, β and g sum over the V columns (and over the G value heads that
+share a query/key head). Each program writes its partial sums to its own slice of an
+fp32 buffer ``[NV, tokens, HV, ...]``; a second kernel adds the slices in a fixed order,
+then applies the L2-norm backward ``dx = (dy - y (y · dy)) / sqrt(Σx² + eps)``. No
+atomics: two runs are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _arch, _validate
+from .._utils import cdiv, empty
+
+GATE_NONE = 0  # delta rule
+GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
+GATE_CHANNEL = 2  # one log decay per key channel (kda)
+
+L2NORM_EPS = 1e-6
+MAX_HEAD_DIM = 256
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _load_token(q, k, v, g, beta, tok, valid, i_h, i_hv, o_k, o_v, m_k, m_v,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                GATE: tl.constexpr):
+    """Token tok's raw q, k, v, beta and gate (all zero where not ``valid``).
+
+    Split from their use so that the loop can issue the next token's loads before it
+    computes the current one: the memory latency then hides behind a step's arithmetic.
+    """
+    m_k = m_k & valid
+    b_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
+    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v & valid, other=0.0)
+    b_beta = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0)
+    if GATE == 1:
+        b_g = tl.load(g + tok * HV + i_hv, mask=valid, other=0.0)
+    elif GATE == 2:
+        b_g = tl.load(g + (tok * HV + i_hv) * K + o_k, mask=m_k, other=0.0)
+    else:
+        b_g = b_beta  # unused
+    return b_q, b_k, b_v, b_beta, b_g
+
+
+@triton.jit
+def _unit(x, L2NORM: tl.constexpr):
+    """x in fp32, L2-normalised when asked: x / sqrt(Σx² + eps)."""
+    x = x.to(tl.float32)
+    if L2NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
+    return x
+
+
+@triton.jit
+def _decay(S, b_g, GATE: tl.constexpr):
+    """S' = D_t S on a [BK, BV] tile: e^{g_t}, or diag(e^{g_t}) over the key rows."""
+    if GATE == 1:
+        S = S * tl.exp(b_g.to(tl.float32))
+    elif GATE == 2:
+        S = S * tl.exp(b_g.to(tl.float32))[:, None]
+    return S
+
+
+@triton.jit
+def _sequence_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
+    """First and one-past-last token (in the flattened [B*T] token axis) of sequence i_n."""
+    if VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def fused_recurrent_delta_fwd_kernel(
+    q, k, v, g, beta, o, h0, ht, ckpt, cu_seqlens,
+    scale, T,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    GATE: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SAVE_CKPT: tl.constexpr,
+):
+    """One program: value columns [i_v*BV, i_v*BV + BV) of head i_hv of sequence i_n.
+
+    Tensors are flattened over (batch, time): q, k [B*T, H, K]; v, o [B*T, HV, V];
+    beta [B*T, HV]; g [B*T, HV] or [B*T, HV, K]; states [N, HV, K, V]; ckpt
+    [B*T // C + N, HV, K, V] (chunk c of sequence n has slot bos // C + n + c, which never
+    collides because ceil(L/C) <= L // C + 1).
+    """
+    NV: tl.constexpr = (V + BV - 1) // BV
+    G: tl.constexpr = HV // H
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, VARLEN)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
+
+    seq_len = eos - bos
+    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos, seq_len > 0, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                        H, HV, K, V, GATE)
+    for t in range(0, seq_len):
+        tok = bos + t
+        b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok + 1, t + 1 < seq_len, i_h, i_hv,
+                                            o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+        if SAVE_CKPT:
+            if t % C == 0:
+                slot = bos // C + i_n + t // C
+                tl.store(ckpt + (slot * HV + i_hv) * K * V + o_kv, S, mask=m_kv)
+        b_q = _unit(b_q, L2NORM) * scale
+        b_k = _unit(b_k, L2NORM)
+        S = _decay(S, b_g, GATE)
+        b_u = b_beta.to(tl.float32) * (b_v.to(tl.float32) - tl.sum(S * b_k[:, None], 0))
+        S += b_k[:, None] * b_u[None, :]
+        b_o = tl.sum(S * b_q[:, None], 0)
+        tl.store(o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+
+    if STORE_HT:
+        tl.store(ht + i_nh * K * V + o_kv, S, mask=m_kv)
+
+
+@triton.jit
+def fused_recurrent_delta_bwd_kernel(
+    q, k, v, g, beta, do, dht, ckpt, scratch, cu_seqlens,
+    dq_part, dk_part, dv, dbeta_part, dg_part, dh0,
+    scale, T, NTOK,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    GATE: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+):
+    """Reverse pass of one program (same tiling as the forward), chunk by chunk.
+
+    Writes dv (final: the program owns its value columns), dh0, and its partial sums over
+    its value columns: dq_part, dk_part [NV, B*T, HV, K] (gradients w.r.t. the scaled,
+    normalised q~ and normalised k), dbeta_part [NV, B*T, HV] and dg_part
+    [NV, B*T, HV] or [NV, B*T, HV, K].
+    """
+    NV: tl.constexpr = (V + BV - 1) // BV
+    G: tl.constexpr = HV // H
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // HV
+    i_hv = i_nh % HV
+    i_h = i_hv // G
+    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, VARLEN)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    # this program's scratch: C tiles [BK, BV], written and read back by the same program
+    p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        dS += tl.load(dht + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
+
+    seq_len = eos - bos
+    n_chunks = (seq_len + C - 1) // C
+    for c_rev in range(0, n_chunks):
+        c = n_chunks - 1 - c_rev
+        t0 = c * C
+        chunk_len = tl.minimum(seq_len - t0, C)
+        slot = bos // C + i_n + c
+        S = tl.load(ckpt + (slot * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
+        # replay the chunk forward exactly as the forward did, keeping every S'
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos + t0, True, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                            H, HV, K, V, GATE)
+        for i in range(0, chunk_len):
+            tok = bos + t0 + i
+            b_k, b_v, b_beta, b_g = nk, nv, nbeta, ng
+            nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok + 1, i + 1 < chunk_len, i_h, i_hv,
+                                                o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+            b_k = _unit(b_k, L2NORM)
+            S = _decay(S, b_g, GATE)
+            tl.store(p_scratch + i * BK * BV, S)
+            b_u = b_beta.to(tl.float32) * (b_v.to(tl.float32) - tl.sum(S * b_k[:, None], 0))
+            S += b_k[:, None] * b_u[None, :]
+        tl.debug_barrier()
+        # walk the chunk backwards; each iteration loads the previous token's inputs and S'
+        tok = bos + t0 + chunk_len - 1
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok, True, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                            H, HV, K, V, GATE)
+        ndo = tl.load(do + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+        nSp = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
+        for i_rev in range(0, chunk_len):
+            i = chunk_len - 1 - i_rev
+            tok = bos + t0 + i
+            b_q, b_k, b_v, b_beta, b_g, b_do, Sp = nq, nk, nv, nbeta, ng, ndo, nSp  # Sp = S'_t = D_t S_{t-1}
+            nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
+                                                o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=m_v & (i > 0), other=0.0)
+            nSp = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
+            b_q = _unit(b_q, L2NORM) * scale
+            b_k = _unit(b_k, L2NORM)
+            b_v = b_v.to(tl.float32)
+            b_do = b_do.to(tl.float32)
+            b_beta = b_beta.to(tl.float32)
+            b_r = b_v - tl.sum(Sp * b_k[:, None], 0)
+            b_u = b_beta * b_r
+            # dq~_t = S_t do_t with S_t = S' + k u^T
+            b_dq = tl.sum(Sp * b_do[None, :], 1) + b_k * tl.sum(b_u * b_do, 0)
+            dS += b_q[:, None] * b_do[None, :]
+            b_du = tl.sum(dS * b_k[:, None], 0)
+            b_dp = -b_beta * b_du
+            b_dk = tl.sum(dS * b_u[None, :] + Sp * b_dp[None, :], 1)
+            dS += b_k[:, None] * b_dp[None, :]  # dS'
+            p_part = (i_v * NTOK + tok) * HV + i_hv
+            tl.store(dq_part + p_part * K + o_k, b_dq * scale, mask=m_k)
+            tl.store(dk_part + p_part * K + o_k, b_dk, mask=m_k)
+            tl.store(dbeta_part + p_part, tl.sum(b_du * b_r, 0))
+            tl.store(dv + (tok * HV + i_hv) * V + o_v, (b_beta * b_du).to(dv.dtype.element_ty), mask=m_v)
+            if GATE == 1:
+                tl.store(dg_part + p_part, tl.sum(tl.sum(dS * Sp, 1), 0))
+            elif GATE == 2:
+                tl.store(dg_part + p_part * K + o_k, tl.sum(dS * Sp, 1), mask=m_k)
+            dS = _decay(dS, b_g, GATE)  # dS_{t-1} = D_t dS'
+        tl.debug_barrier()  # the next chunk overwrites the scratch tiles read above
+
+    if STORE_DH0:
+        tl.store(dh0 + i_nh * K * V + o_kv, dS, mask=m_kv)
+
+
+@triton.jit
+def _l2norm_bwd(x_ptr, offs, mask, dy):
+    """dx for y = x / sqrt(Σx² + eps): dx = (dy - y (y · dy)) / sqrt(Σx² + eps), row-wise."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, 1) + 1e-6)
+    y = x * rstd[:, None]
+    return (dy - y * tl.sum(y * dy, 1)[:, None]) * rstd[:, None]
+
+
+@triton.jit
+def fused_recurrent_delta_reduce_kernel(
+    q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, NV: tl.constexpr,
+    BK: tl.constexpr, BT: tl.constexpr,
+    GATE: tl.constexpr, L2NORM: tl.constexpr,
+):
+    """Sum the per-program partial gradients, in a fixed order, for BT tokens of head i_h.
+
+    dq, dk sum over the NV value blocks of each of the G value heads sharing query/key
+    head i_h; dbeta, dg over the NV value blocks. Then the L2-norm backward for q, k.
+    """
+    G: tl.constexpr = HV // H
+    pid = tl.program_id(0).to(tl.int64)
+    i_h = pid % H
+    o_t = (pid // H) * BT + tl.arange(0, BT).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    m_t = o_t < NTOK
+    m_k = o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    for j in range(0, G):
+        i_hv = i_h * G + j
+        b_dbeta = tl.zeros([BT], dtype=tl.float32)
+        b_dg_head = tl.zeros([BT], dtype=tl.float32)
+        b_dg_chan = tl.zeros([BT, BK], dtype=tl.float32)
+        for i_v in range(0, NV):
+            p_part = (i_v * NTOK + o_t) * HV + i_hv
+            o_part = p_part[:, None] * K + o_k[None, :]
+            b_dq += tl.load(dq_part + o_part, mask=m_tk, other=0.0)
+            b_dk += tl.load(dk_part + o_part, mask=m_tk, other=0.0)
+            b_dbeta += tl.load(dbeta_part + p_part, mask=m_t, other=0.0)
+            if GATE == 1:
+                b_dg_head += tl.load(dg_part + p_part, mask=m_t, other=0.0)
+            elif GATE == 2:
+                b_dg_chan += tl.load(dg_part + o_part, mask=m_tk, other=0.0)
+        p_tok = o_t * HV + i_hv
+        tl.store(dbeta + p_tok, b_dbeta.to(dbeta.dtype.element_ty), mask=m_t)
+        if GATE == 1:
+            tl.store(dg + p_tok, b_dg_head.to(dg.dtype.element_ty), mask=m_t)
+        elif GATE == 2:
+            tl.store(dg + p_tok[:, None] * K + o_k[None, :], b_dg_chan.to(dg.dtype.element_ty), mask=m_tk)
+
+    o_qk = (o_t * H + i_h)[:, None] * K + o_k[None, :]
+    if L2NORM:
+        b_dq = _l2norm_bwd(q, o_qk, m_tk, b_dq)
+        b_dk = _l2norm_bwd(k, o_qk, m_tk, b_dk)
+    tl.store(dq + o_qk, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dk + o_qk, b_dk.to(dk.dtype.element_ty), mask=m_tk)
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _state_tile(K: int, V: int, backward: bool) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) for the target arch.
+
+    The state tile [BK, BV] lives in registers for the whole pass (the backward holds two:
+    dS and S'), so BK * BV is kept at 4096 fp32 (forward) or 2048 (backward) per program:
+    <= 32 (resp. 16) registers per thread per tile at 4 warps, far under the 255 limit on
+    sm80..sm90 even with the per-token vectors. Small tiles also give many programs
+    (N * HV * V / BV), which this latency-bound loop needs to fill the SMs.
+    """
+    arch = _arch.target_arch()
+    BK = max(triton.next_power_of_2(K), 16)
+    budget = 2048 if backward else 4096
+    BV = max(min(triton.next_power_of_2(V), budget // BK, 64), 8)
+    num_warps = 4 if arch >= 80 else 2
+    return BK, BV, num_warps
+
+
+def _checkpoint_interval(max_len: int) -> int:
+    """C ~ sqrt(T), a power of two in 16..128: checkpoints T/C and scratch C balance."""
+    c = triton.next_power_of_2(max(int(math.isqrt(max(max_len, 1))), 1))
+    return min(max(c, 16), 128)
+
+
+# --------------------------------------------------------------------------- launches
+
+
+def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+             gate, l2norm, save_checkpoints):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BK, BV, num_warps = _state_tile(K, V, backward=False)
+    C = _checkpoint_interval(T)
+    o = empty((B, T, HV, V), v.dtype, q.device)
+    ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
+    ckpt = empty(((B * T) // C + N, HV, K, V), torch.float32, q.device) if save_checkpoints else None
+    grid = (N * HV * cdiv(V, BV),)
+    if grid[0] > 0:
+        fused_recurrent_delta_fwd_kernel[grid](
+            q, k, v, g, beta, o, initial_state, ht, ckpt, cu_seqlens,
+            scale, T,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
+            GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
+            USE_H0=initial_state is not None, STORE_HT=output_final_state,
+            SAVE_CKPT=save_checkpoints,
+            num_warps=num_warps, num_stages=1,
+        )
+    return o, ht, ckpt, C
+
+
+def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqlens, gate, l2norm):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    NTOK = B * T
+    BK, BV, num_warps = _state_tile(K, V, backward=True)
+    NV = cdiv(V, BV)
+    device = q.device
+    n_programs = N * HV * NV
+
+    scratch = empty((n_programs, C, BK, BV), torch.float32, device)
+    dq_part = empty((NV, NTOK, HV, K), torch.float32, device)
+    dk_part = empty((NV, NTOK, HV, K), torch.float32, device)
+    dbeta_part = empty((NV, NTOK, HV), torch.float32, device)
+    dg_part = None
+    if gate != GATE_NONE:
+        dg_part = empty((NV, NTOK, *g.shape[2:]), torch.float32, device)
+    dv = empty(v.shape, v.dtype, device)
+    dh0 = empty(initial_state.shape, torch.float32, device) if initial_state is not None else None
+    if n_programs > 0:
+        fused_recurrent_delta_bwd_kernel[(n_programs,)](
+            q, k, v, g, beta, do, dht, ckpt, scratch, cu_seqlens,
+            dq_part, dk_part, dv, dbeta_part, dg_part, dh0,
+            scale, T, NTOK,
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
+            GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
+            USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
+            num_warps=num_warps, num_stages=1,
+        )
+
+    dq = empty(q.shape, q.dtype, device)
+    dk = empty(k.shape, k.dtype, device)
+    dbeta = empty(beta.shape, beta.dtype, device)
+    dg = empty(g.shape, g.dtype, device) if gate != GATE_NONE else None
+    BT = max(2048 // BK, 1)
+    n_blocks = cdiv(NTOK, BT) * H
+    if n_blocks > 0:
+        fused_recurrent_delta_reduce_kernel[(n_blocks,)](
+            q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
+            H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
+            num_warps=4,
+        )
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+class _FusedRecurrentDelta(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, gate, l2norm):
+        save_checkpoints = any(ctx.needs_input_grad[:6])
+        o, ht, ckpt, C = _forward(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                  cu_seqlens, gate, l2norm, save_checkpoints)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, ckpt)
+        ctx.C, ctx.scale, ctx.gate, ctx.l2norm = C, scale, gate, l2norm
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, initial_state, cu_seqlens, ckpt = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = _backward(
+            q, k, v, g, beta, do.contiguous(), None if dht is None else dht.contiguous(),
+            ckpt, ctx.C, ctx.scale, initial_state, cu_seqlens, ctx.gate, ctx.l2norm)
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
+                     use_qk_l2norm_in_kernel, gate):
+    V_ = _validate
+    V_.check_tensor(op, "q", q)
+    V_.check_tensor(op, "k", k)
+    V_.check_tensor(op, "v", v)
+    V_.check_same_dtype(op, q=q, k=k, v=v)
+    V_.check_tensor(op, "beta", beta)
+    if gate != GATE_NONE:
+        V_.check_tensor(op, "g", g)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"{op}: `scale` must be finite, got {scale}")
+    if not isinstance(use_qk_l2norm_in_kernel, bool):
+        raise TypeError(f"{op}: `use_qk_l2norm_in_kernel` must be a bool, got "
+                        f"{type(use_qk_l2norm_in_kernel).__name__}")
+    device = V_.check_devices(op, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+
+    V_.check_ndim(op, "q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    V_.check_shape(op, "k", k, (B, T, H, K), "[B, T, H, K]")
+    V_.check_ndim(op, "v", v, 4, "[B, T, HV, V]" if gate != GATE_NONE else "[B, T, H, V]")
+    HV, V = v.shape[2], v.shape[3]
+    if H < 1:
+        raise ValueError(f"{op}: `q` must have at least one head, got H = {H}")
+    if gate == GATE_NONE:
+        V_.check_shape(op, "v", v, (B, T, H, V), "[B, T, H, V]")
+    else:
+        V_.check_shape(op, "v", v, (B, T, HV, V), "[B, T, HV, V]")
+        if HV % H != 0:
+            raise ValueError(
+                f"{op}: `v` has HV = {HV} heads, which must be a multiple of the H = {H} heads of "
+                "`q` and `k` (grouped value heads)")
+    V_.check_shape(op, "beta", beta, (B, T, HV), "[B, T, HV]")
+    if gate == GATE_HEAD:
+        V_.check_shape(op, "g", g, (B, T, HV), "[B, T, HV]")
+    elif gate == GATE_CHANNEL:
+        V_.check_shape(op, "g", g, (B, T, HV, K), "[B, T, HV, K]")
+    V_.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_HEAD_DIM)
+    V_.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_HEAD_DIM)
+
+    offsets = V_.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    V_.check_initial_state(op, initial_state, (N, HV, K, V), "[N, HV, K, V]")
+    return offsets
+
+
+def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
+         use_qk_l2norm_in_kernel, gate):
+    _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
+                     use_qk_l2norm_in_kernel, gate)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
+    g = g.contiguous() if g is not None else None
+    initial_state = initial_state.contiguous() if initial_state is not None else None
+    output_final_state = bool(output_final_state)
+    tensors = (q, k, v, g, beta, initial_state)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
+        # inference: no autograd node, no checkpoints
+        o, ht, _, _ = _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                               gate, use_qk_l2norm_in_kernel, save_checkpoints=False)
+        return o, ht
+    return _FusedRecurrentDelta.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+                                      output_final_state, gate, use_qk_l2norm_in_kernel)
+
+
+# --------------------------------------------------------------------------- public ops
+
+
+def fused_recurrent_delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                               cu_seqlens=None, cu_seqlens_cpu=None, use_qk_l2norm_in_kernel=False):
+    """Delta rule, one pass over time: ``S_t = (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``.
+
+    q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; ``o_t = S_t^T (scale q_t)``, scale
+    defaulting to K^-0.5. initial_state [N, H, K, V] float32; returns (o, final_state or
+    None). ``cu_seqlens`` (with ``cu_seqlens_cpu`` to skip the host sync) packs N sequences
+    into B = 1. ``use_qk_l2norm_in_kernel`` L2-normalises q and k first (eps 1e-6).
+    """
+    return _run("fused_recurrent_delta_rule", q, k, v, None, beta, scale, initial_state,
+                output_final_state, cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, GATE_NONE)
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                                     output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                                     use_qk_l2norm_in_kernel=False):
+    """Gated delta rule: ``S_t = e^{g_t} (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``.
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; g (log decay), beta [B, T, HV]; HV % H == 0 and
+    value head j reads query/key head j // (HV // H). State [N, HV, K, V]; o [B, T, HV, V].
+    Other arguments as in :func:`fused_recurrent_delta_rule`.
+    """
+    return _run("fused_recurrent_gated_delta_rule", q, k, v, g, beta, scale, initial_state,
+                output_final_state, cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, GATE_HEAD)
+
+
+def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                        cu_seqlens=None, cu_seqlens_cpu=None, use_qk_l2norm_in_kernel=False):
+    """Kimi delta attention: ``S' = diag(e^{g_t}) S_{t-1}``, ``S_t = (I - β_t k_t k_t^T) S' + β_t k_t v_t^T``.
+
+    g [B, T, HV, K] (per-channel log decay); otherwise as
+    :func:`fused_recurrent_gated_delta_rule`.
+    """
+    return _run("fused_recurrent_kda", q, k, v, g, beta, scale, initial_state,
+                output_final_state, cu_seqlens, cu_seqlens_cpu, use_qk_l2norm_in_kernel, GATE_CHANNEL)
