@@ -3,3 +3,4 @@
 Every op validates its inputs before launching (``kernels._validate``), returns
 ``(o, final_state)`` for the recurrent families, and has its backward in Triton.
 """
+from .delta_rule.fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda

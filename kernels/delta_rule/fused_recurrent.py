@@ -18,10 +18,18 @@ three are one step: decay ``S' = D_t S_{t-1}`` (``D_t`` = 1, ``e^{g_t}`` or
     S_t = S' + k_t u_t^T
     o_t = S_t^T q~_t,  q~_t = scale * q_t   (q_t, k_t L2-normalised first when asked)
 
+The kernel folds D_t into the vectors, p_t = S_{t-1}^T (D_t k_t) and
+o_t = S_{t-1}^T (D_t q~_t) + u_t (k_t · q~_t), so that a token's two reductions over K read
+the same tile side by side and o_t needs no second pass over the updated one: the
+dependent chain per token is one reduction and one update, which is what bounds a
+recurrent kernel once T is more than a few tokens.
+
 Grouped value heads: q, k have H heads, v, beta, g have HV = G * H; value head j reads
 query/key head j // G. Columns of S are independent given k and β, so the forward splits
 V across programs: one program owns a [K, BV] tile of one value head's state, for one
-sequence, and walks its tokens in order. Grid: ``N * HV * cdiv(V, BV)`` on axis 0.
+sequence, and walks its tokens in order, with the next two tokens' loads in flight. Grid:
+``N * HV * cdiv(V, BV)`` on axis 0 (never axis 1 or 2, capped at 65535); offsets are
+64-bit.
 
 Backward
 --------
@@ -36,24 +44,28 @@ The adjoint of one step, with dS the gradient w.r.t. S_t (the future's, plus
     dg_t  = Σ_ij dS'_ij S'_ij  (scalar gate)   or   Σ_j dS'_ij S'_ij  (per channel i)
     dS_{t-1} = D_t dS'
 
-It walks time backwards and needs S'_t = D_t S_{t-1} at each step. The transition
-``D_t (I - β k k^T)`` is singular at β = 1 with a unit k, and inverting ``e^{g}`` under
-strong decay multiplies the rounding error by ``e^{-g}``, so the states are never
-reconstructed backwards. Instead:
+It walks time backwards and needs S_{t-1} at each step. The transition
+``D_t (I - β k k^T)`` is singular at β = 1 with a unit k, and undoing ``e^{g}`` under
+strong decay multiplies the rounding error by ``e^{-g}`` (up to e^500 per step with the
+stress gates), so states are never reconstructed backwards. Instead:
 
-* the forward (when a gradient is needed) stores a checkpoint of the state every C steps
-  (the state *before* the chunk's first token);
+* the forward, when a gradient is needed, stores a checkpoint of the state every C steps
+  (the state before the chunk's first token);
 * the backward walks the chunks last to first; for each it reloads the chunk's
-  checkpoint, replays the chunk's C steps forward -- the very same arithmetic as the
-  forward, so the replayed states are bitwise the forward's -- writing each S'_t to a
-  per-program scratch tile in global memory, then walks the chunk backwards reading
-  S'_t back.
+  checkpoint, replays the chunk's steps forward with the forward's own step function,
+  writing each S_{t-1} to a per-program scratch area in global memory, then walks the
+  chunk backwards reading them back (one tile ahead, to hide the latency).
 
-Memory: checkpoints ``(ΣT/C + N) * HV * K * V`` floats plus scratch
-``N * HV * C * K * V`` floats; C ~ sqrt(T) (16 .. 128) balances the two. Compute: one
-extra forward step per backward step. The scratch tile of a program is rewritten every
-chunk, so it stays in L2 for small C. Numerically the backward sees exactly the forward's
-states, so its accuracy is that of the adjoint recurrence itself, whatever β and g are.
+Every state the backward uses is a forward-direction recomputation from a stored
+forward state, so the backward's rounding is that of the forward plus that of the
+adjoint recurrence, whatever β and g are: nothing is divided, nothing is amplified.
+
+Memory, per value head: checkpoints ``(T/C + 1) K V`` floats (held from forward to
+backward) and scratch ``C K V`` floats (backward only); C ~ sqrt(longest sequence), a
+power of two in 16..128, minimises their sum (at T = 4096: 2 x 64 states instead of 4096).
+Compute: one replayed forward step per backward step. Traffic: the scratch tile is
+written and read once per step (8 bytes per state element per token), which is what
+the backward's time is made of at long T; it is the price of never inverting a step.
 
 The gradients of q, k, β and g sum over the V columns (and over the G value heads that
 share a query/key head). Each program writes its partial sums to its own slice of an
@@ -65,6 +77,7 @@ atomics: two runs are bitwise equal.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 import triton
@@ -117,13 +130,52 @@ def _unit(x, L2NORM: tl.constexpr):
 
 
 @triton.jit
-def _decay(S, b_g, GATE: tl.constexpr):
+def _prepare(b_q, b_k, b_g, scale, L2NORM: tl.constexpr, GATE: tl.constexpr):
+    """A token's vectors as a step reads the state with them, from its raw loads.
+
+    Returns k (unit when asked), q~ = scale * q, the decay d (e^g: a scalar, a [BK]
+    vector, or 1), kd = D k, qd = D q~ and k · q~. None of it depends on the state, so
+    the loop computes it for the next token while the current step's reductions run.
+    """
+    b_q = _unit(b_q, L2NORM) * scale
+    b_k = _unit(b_k, L2NORM)
+    if GATE == 0:
+        b_d = tl.full([1], 1.0, tl.float32)
+        b_kd = b_k
+        b_qd = b_q
+    else:
+        b_d = tl.exp(b_g.to(tl.float32))
+        b_kd = b_k * b_d
+        b_qd = b_q * b_d
+    return b_k, b_q, b_d, b_kd, b_qd, tl.sum(b_k * b_q, 0)
+
+
+@triton.jit
+def _decay(S, b_d, GATE: tl.constexpr):
     """S' = D_t S on a [BK, BV] tile: e^{g_t}, or diag(e^{g_t}) over the key rows."""
     if GATE == 1:
-        S = S * tl.exp(b_g.to(tl.float32))
+        S = S * b_d
     elif GATE == 2:
-        S = S * tl.exp(b_g.to(tl.float32))[:, None]
+        S = S * b_d[:, None]
     return S
+
+
+@triton.jit
+def _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v, b_beta, GATE: tl.constexpr):
+    """One token: S_{t-1} -> S_t, and o_t.
+
+    With S' = D S_{t-1} folded into the vectors, both reductions read S_{t-1} and run side
+    by side, and o_t needs no second pass over the updated tile:
+        p   = S'^T k = S_{t-1}^T (D k)
+        u   = β (v - p)
+        o_t = S_t^T q~ = S_{t-1}^T (D q~) + u (k · q~)
+        S_t = D S_{t-1} + k u^T
+    """
+    b_p = tl.sum(S * b_kd[:, None], 0)
+    b_oq = tl.sum(S * b_qd[:, None], 0)
+    b_u = b_beta * (b_v - b_p)
+    S = _decay(S, b_d, GATE) + b_k[:, None] * b_u[None, :]
+    return S, b_oq + b_u * b_kq
 
 
 @triton.jit
@@ -176,24 +228,26 @@ def fused_recurrent_delta_fwd_kernel(
         S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
 
     seq_len = eos - bos
-    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos, seq_len > 0, i_h, i_hv, o_k, o_v, m_k, m_v,
+    # Two tokens in flight: token t+1's loads have landed and are prepared while step t
+    # runs; token t+2's loads are issued at the top of step t.
+    b_q, b_k, b_v, b_beta, b_g = _load_token(q, k, v, g, beta, bos, seq_len > 0, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                             H, HV, K, V, GATE)
+    b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
+    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos + 1, seq_len > 1, i_h, i_hv, o_k, o_v, m_k, m_v,
                                         H, HV, K, V, GATE)
     for t in range(0, seq_len):
         tok = bos + t
-        b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
-        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok + 1, t + 1 < seq_len, i_h, i_hv,
+        mq, mk, mv, mbeta, mg = _load_token(q, k, v, g, beta, tok + 2, t + 2 < seq_len, i_h, i_hv,
                                             o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
         if SAVE_CKPT:
             if t % C == 0:
                 slot = bos // C + i_n + t // C
                 tl.store(ckpt + (slot * HV + i_hv) * K * V + o_kv, S, mask=m_kv)
-        b_q = _unit(b_q, L2NORM) * scale
-        b_k = _unit(b_k, L2NORM)
-        S = _decay(S, b_g, GATE)
-        b_u = b_beta.to(tl.float32) * (b_v.to(tl.float32) - tl.sum(S * b_k[:, None], 0))
-        S += b_k[:, None] * b_u[None, :]
-        b_o = tl.sum(S * b_q[:, None], 0)
+        S, b_o = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
         tl.store(o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(nq, nk, ng, scale, L2NORM, GATE)
+        b_v, b_beta = nv, nbeta
+        nq, nk, nv, nbeta, ng = mq, mk, mv, mbeta, mg
 
     if STORE_HT:
         tl.store(ht + i_nh * K * V + o_kv, S, mask=m_kv)
@@ -247,39 +301,37 @@ def fused_recurrent_delta_bwd_kernel(
         chunk_len = tl.minimum(seq_len - t0, C)
         slot = bos // C + i_n + c
         S = tl.load(ckpt + (slot * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
-        # replay the chunk forward exactly as the forward did, keeping every S'
+        # replay the chunk forward with the forward's arithmetic, keeping every S_{t-1}
         nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos + t0, True, i_h, i_hv, o_k, o_v, m_k, m_v,
                                             H, HV, K, V, GATE)
         for i in range(0, chunk_len):
             tok = bos + t0 + i
-            b_k, b_v, b_beta, b_g = nk, nv, nbeta, ng
+            b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
             nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok + 1, i + 1 < chunk_len, i_h, i_hv,
                                                 o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            b_k = _unit(b_k, L2NORM)
-            S = _decay(S, b_g, GATE)
             tl.store(p_scratch + i * BK * BV, S)
-            b_u = b_beta.to(tl.float32) * (b_v.to(tl.float32) - tl.sum(S * b_k[:, None], 0))
-            S += b_k[:, None] * b_u[None, :]
+            b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
+            S, _ = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
         tl.debug_barrier()
-        # walk the chunk backwards; each iteration loads the previous token's inputs and S'
+        # walk the chunk backwards; each iteration loads the previous token's inputs and state
         tok = bos + t0 + chunk_len - 1
         nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok, True, i_h, i_hv, o_k, o_v, m_k, m_v,
                                             H, HV, K, V, GATE)
         ndo = tl.load(do + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
-        nSp = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
+        nS = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
         for i_rev in range(0, chunk_len):
             i = chunk_len - 1 - i_rev
             tok = bos + t0 + i
-            b_q, b_k, b_v, b_beta, b_g, b_do, Sp = nq, nk, nv, nbeta, ng, ndo, nSp  # Sp = S'_t = D_t S_{t-1}
+            b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
             nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
                                                 o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
             ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=m_v & (i > 0), other=0.0)
-            nSp = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
-            b_q = _unit(b_q, L2NORM) * scale
-            b_k = _unit(b_k, L2NORM)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
+            b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
             b_v = b_v.to(tl.float32)
             b_do = b_do.to(tl.float32)
             b_beta = b_beta.to(tl.float32)
+            Sp = _decay(S, b_d, GATE)  # S'_t = D_t S_{t-1}
             b_r = b_v - tl.sum(Sp * b_k[:, None], 0)
             b_u = b_beta * b_r
             # dq~_t = S_t do_t with S_t = S' + k u^T
@@ -298,7 +350,7 @@ def fused_recurrent_delta_bwd_kernel(
                 tl.store(dg_part + p_part, tl.sum(tl.sum(dS * Sp, 1), 0))
             elif GATE == 2:
                 tl.store(dg_part + p_part * K + o_k, tl.sum(dS * Sp, 1), mask=m_k)
-            dS = _decay(dS, b_g, GATE)  # dS_{t-1} = D_t dS'
+            dS = _decay(dS, b_d, GATE)  # dS_{t-1} = D_t dS'
         tl.debug_barrier()  # the next chunk overwrites the scratch tiles read above
 
     if STORE_DH0:
@@ -370,21 +422,51 @@ def fused_recurrent_delta_reduce_kernel(
 # --------------------------------------------------------------------------- configs
 
 
-def _state_tile(K: int, V: int, backward: bool) -> tuple[int, int, int]:
-    """(BK, BV, num_warps) for the target arch.
+# Sequences at most this long are "decoding": the pass is mostly the state's load and store.
+DECODE_LEN = 4
 
-    The state tile [BK, BV] lives in registers for the whole pass (the backward holds two:
-    dS and S'), so BK * BV is kept at 4096 fp32 (forward) or 2048 (backward) per program:
-    <= 32 (resp. 16) registers per thread per tile at 4 warps, far under the 255 limit on
-    sm80..sm90 even with the per-token vectors. Small tiles also give many programs
-    (N * HV * V / BV), which this latency-bound loop needs to fill the SMs.
+
+def _forward_config(K: int, V: int, max_len: int, n_heads: int) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) of the forward for the target arch.
+
+    Decoding (a few tokens per sequence): the state's load and store dominate, so wide
+    [BK, 32] tiles over 4 warps, whose 16-byte accesses cover whole 128-byte lines.
+
+    Longer sequences: each token is a dependent chain (reduce the tile over K, update it),
+    so one warp per program -- the K reductions are then register shuffles with no
+    barrier -- and tiles of BK * BV <= 2048 (<= 64 fp32 registers per lane for the tile).
+    BV halves (down to 8) while that leaves too few programs to fill the GPU: about 24
+    SMs' worth of warp slots (64 per SM on sm80/sm90, 48 on sm86/sm89). Measured on an
+    H200 at K = V = 128: T = 64, 256 heads: BV 16 beats 8 and 32; T = 4096, 64 heads: BV 8
+    beats 16 by 10%.
+
+    Registers (cubin, sm80..sm90): at most 254 per thread, no spills, for every K, V <= 256
+    (the worst case is K = 256, BV = 8, one warp, per-channel gate); the 255-register cap
+    and 64K-register file are the same on every target, so only the fill threshold
+    depends on the arch.
     """
     arch = _arch.target_arch()
     BK = max(triton.next_power_of_2(K), 16)
-    budget = 2048 if backward else 4096
-    BV = max(min(triton.next_power_of_2(V), budget // BK, 64), 8)
-    num_warps = 4 if arch >= 80 else 2
-    return BK, BV, num_warps
+    V_pow2 = max(triton.next_power_of_2(V), 8)
+    if max_len <= DECODE_LEN:
+        return BK, min(V_pow2, 32), 4
+    BV = min(max(2048 // BK, 8), 32, V_pow2)
+    warp_slots = 48 if arch in (86, 89) else 64
+    while BV > 8 and n_heads * cdiv(V, BV) < 24 * warp_slots:
+        BV //= 2
+    return BK, BV, 1
+
+
+def _backward_config(K: int, V: int) -> tuple[int, int, int]:
+    """(BK, BV, num_warps) of the backward's reverse pass.
+
+    It holds three [BK, BV] tiles (dS, the replayed state, the next state in flight), so
+    BK * BV = 2048 over 2 warps up to K = 128 (measured on an H200: BV 16 / 2 warps is
+    the fastest of 8..32 / 1..4 warps), and over 4 warps at K = 256 (2 warps spill there).
+    """
+    BK = max(triton.next_power_of_2(K), 16)
+    BV = min(max(2048 // BK, 8), max(triton.next_power_of_2(V), 8))
+    return BK, BV, 2 if BK <= 128 else 4
 
 
 def _checkpoint_interval(max_len: int) -> int:
@@ -396,13 +478,13 @@ def _checkpoint_interval(max_len: int) -> int:
 # --------------------------------------------------------------------------- launches
 
 
-def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, max_len,
              gate, l2norm, save_checkpoints):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = _state_tile(K, V, backward=False)
-    C = _checkpoint_interval(T)
+    BK, BV, num_warps = _forward_config(K, V, max_len, N * HV)
+    C = _checkpoint_interval(max_len)
     o = empty((B, T, HV, V), v.dtype, q.device)
     ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = empty(((B * T) // C + N, HV, K, V), torch.float32, q.device) if save_checkpoints else None
@@ -425,7 +507,7 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     NTOK = B * T
-    BK, BV, num_warps = _state_tile(K, V, backward=True)
+    BK, BV, num_warps = _backward_config(K, V)
     NV = cdiv(V, BV)
     device = q.device
     n_programs = N * HV * NV
@@ -467,10 +549,11 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
 
 class _FusedRecurrentDelta(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, scale, output_final_state, gate, l2norm):
+    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, max_len, scale, output_final_state, gate,
+                l2norm):
         save_checkpoints = any(ctx.needs_input_grad[:6])
         o, ht, ckpt, C = _forward(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                  cu_seqlens, gate, l2norm, save_checkpoints)
+                                  cu_seqlens, max_len, gate, l2norm, save_checkpoints)
         ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, ckpt)
         ctx.C, ctx.scale, ctx.gate, ctx.l2norm = C, scale, gate, l2norm
         return o, ht
@@ -481,7 +564,7 @@ class _FusedRecurrentDelta(torch.autograd.Function):
         dq, dk, dv, dg, dbeta, dh0 = _backward(
             q, k, v, g, beta, do.contiguous(), None if dht is None else dht.contiguous(),
             ckpt, ctx.C, ctx.scale, initial_state, cu_seqlens, ctx.gate, ctx.l2norm)
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None
+        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------- validation
@@ -489,14 +572,13 @@ class _FusedRecurrentDelta(torch.autograd.Function):
 
 def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                      use_qk_l2norm_in_kernel, gate):
-    V_ = _validate
-    V_.check_tensor(op, "q", q)
-    V_.check_tensor(op, "k", k)
-    V_.check_tensor(op, "v", v)
-    V_.check_same_dtype(op, q=q, k=k, v=v)
-    V_.check_tensor(op, "beta", beta)
+    _validate.check_tensor(op, "q", q)
+    _validate.check_tensor(op, "k", k)
+    _validate.check_tensor(op, "v", v)
+    _validate.check_same_dtype(op, q=q, k=k, v=v)
+    _validate.check_tensor(op, "beta", beta)
     if gate != GATE_NONE:
-        V_.check_tensor(op, "g", g)
+        _validate.check_tensor(op, "g", g)
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
     if scale is not None and not math.isfinite(scale):
@@ -504,41 +586,64 @@ def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise TypeError(f"{op}: `use_qk_l2norm_in_kernel` must be a bool, got "
                         f"{type(use_qk_l2norm_in_kernel).__name__}")
-    device = V_.check_devices(op, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    device = _validate.check_devices(op, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
 
-    V_.check_ndim(op, "q", q, 4, "[B, T, H, K]")
+    _validate.check_ndim(op, "q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
-    V_.check_shape(op, "k", k, (B, T, H, K), "[B, T, H, K]")
-    V_.check_ndim(op, "v", v, 4, "[B, T, HV, V]" if gate != GATE_NONE else "[B, T, H, V]")
+    _validate.check_shape(op, "k", k, (B, T, H, K), "[B, T, H, K]")
+    _validate.check_ndim(op, "v", v, 4, "[B, T, HV, V]" if gate != GATE_NONE else "[B, T, H, V]")
     HV, V = v.shape[2], v.shape[3]
     if H < 1:
         raise ValueError(f"{op}: `q` must have at least one head, got H = {H}")
     if gate == GATE_NONE:
-        V_.check_shape(op, "v", v, (B, T, H, V), "[B, T, H, V]")
+        _validate.check_shape(op, "v", v, (B, T, H, V), "[B, T, H, V]")
     else:
-        V_.check_shape(op, "v", v, (B, T, HV, V), "[B, T, HV, V]")
+        _validate.check_shape(op, "v", v, (B, T, HV, V), "[B, T, HV, V]")
         if HV % H != 0:
             raise ValueError(
                 f"{op}: `v` has HV = {HV} heads, which must be a multiple of the H = {H} heads of "
                 "`q` and `k` (grouped value heads)")
-    V_.check_shape(op, "beta", beta, (B, T, HV), "[B, T, HV]")
+    _validate.check_shape(op, "beta", beta, (B, T, HV), "[B, T, HV]")
     if gate == GATE_HEAD:
-        V_.check_shape(op, "g", g, (B, T, HV), "[B, T, HV]")
+        _validate.check_shape(op, "g", g, (B, T, HV), "[B, T, HV]")
     elif gate == GATE_CHANNEL:
-        V_.check_shape(op, "g", g, (B, T, HV, K), "[B, T, HV, K]")
-    V_.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_HEAD_DIM)
-    V_.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_HEAD_DIM)
+        _validate.check_shape(op, "g", g, (B, T, HV, K), "[B, T, HV, K]")
+    _validate.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_HEAD_DIM)
+    _validate.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_HEAD_DIM)
 
-    offsets = V_.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
+    offsets = _validate.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    V_.check_initial_state(op, initial_state, (N, HV, K, V), "[N, HV, K, V]")
+    _validate.check_initial_state(op, initial_state, (N, HV, K, V), "[N, HV, K, V]")
     return offsets
+
+
+# id(host offsets) -> (weakref to them, length of the longest sequence)
+_longest: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _longest_sequence(offsets_host, T: int) -> int:
+    """The longest sequence's length, from the validated host offsets (no device sync).
+
+    Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
+    same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
+    """
+    if offsets_host is None:
+        return T
+    hit = _longest.get(id(offsets_host))
+    if hit is not None and hit[0]() is offsets_host:
+        return hit[1]
+    longest = int((offsets_host[1:] - offsets_host[:-1]).max()) if offsets_host.numel() > 1 else 0
+    if len(_longest) > 256:
+        _longest.clear()
+    _longest[id(offsets_host)] = (weakref.ref(offsets_host), longest)
+    return longest
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
          use_qk_l2norm_in_kernel, gate):
-    _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
-                     use_qk_l2norm_in_kernel, gate)
+    offsets = _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
+                               use_qk_l2norm_in_kernel, gate)
+    max_len = _longest_sequence(offsets, q.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
     g = g.contiguous() if g is not None else None
@@ -548,9 +653,9 @@ def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
         # inference: no autograd node, no checkpoints
         o, ht, _, _ = _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                               gate, use_qk_l2norm_in_kernel, save_checkpoints=False)
+                               max_len, gate, use_qk_l2norm_in_kernel, save_checkpoints=False)
         return o, ht
-    return _FusedRecurrentDelta.apply(q, k, v, g, beta, initial_state, cu_seqlens, scale,
+    return _FusedRecurrentDelta.apply(q, k, v, g, beta, initial_state, cu_seqlens, max_len, scale,
                                       output_final_state, gate, use_qk_l2norm_in_kernel)
 
 
