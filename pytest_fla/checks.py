@@ -277,3 +277,22 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
             continue
         assert_close(f"{spec.name}.{name}[last row of {o.shape[0]}]", o[-1:], r[last : last + 1], "bf16")
         assert_close(f"{spec.name}.{name}[first row]", o[:1], r[:1], "bf16")
+
+
+def check_no_host_sync(spec: OpSpec, device, seed: int) -> None:
+    """With ``cu_seqlens_cpu`` given, or the same ``cu_seqlens`` seen before, a varlen
+    forward makes no device-to-host sync (``torch.cuda.set_sync_debug_mode('error')``
+    turns any sync into an error)."""
+    sample = spec.sample(spec.cases[0], "bf16", device, seed, lengths=(5, 70, 1, 33))
+    with torch.no_grad():
+        spec.call(sample)  # compiles, and validates this cu_seqlens once
+        with_cpu = Sample({**sample.kwargs, "cu_seqlens_cpu": sample.kwargs["cu_seqlens"].cpu()})
+        for label, s in (("cu_seqlens seen before", sample), ("cu_seqlens_cpu given", with_cpu)):
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                spec.call(s)
+            except RuntimeError as e:
+                raise AssertionError(f"{spec.name}: a device-to-host sync with {label}: {e}") from None
+            finally:
+                torch.cuda.set_sync_debug_mode("default")

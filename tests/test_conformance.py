@@ -144,3 +144,10 @@ def test_int64_offsets(spec, device):
     if free < 48 * 2**30:
         pytest.skip(f"needs about 48 GiB of free GPU memory for tensors over 2**31 elements, {free / 2**30:.0f} GiB free")
     checks.check_int64_offsets(spec, device, checks.seed_for("int64", spec.name))
+
+
+@pytest.mark.parametrize("spec", [_param(spec) for spec in SPECS if spec.varlen])
+def test_no_host_sync(spec, device):
+    if device.type != "cuda":
+        pytest.skip("device-to-host syncs exist only with a GPU")
+    checks.check_no_host_sync(spec, device, checks.seed_for("sync", spec.name))
