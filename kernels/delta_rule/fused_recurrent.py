@@ -85,12 +85,13 @@ import triton.language as tl
 
 from .. import _arch, _validate
 from .._utils import cdiv, empty
+from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
 
 GATE_NONE = 0  # delta rule
 GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
 GATE_CHANNEL = 2  # one log decay per key channel (kda)
 
-L2NORM_EPS = 1e-6
+L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (OPS.md)
 MAX_HEAD_DIM = 256
 
 
@@ -125,7 +126,7 @@ def _unit(x, L2NORM: tl.constexpr):
     """x in fp32, L2-normalised when asked: x / sqrt(Σx² + eps)."""
     x = x.to(tl.float32)
     if L2NORM:
-        x = x * tl.rsqrt(tl.sum(x * x, 0) + 1e-6)
+        x = x * tl.rsqrt(tl.sum(x * x, 0) + L2NORM_EPS)
     return x
 
 
@@ -179,18 +180,6 @@ def _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v, b_beta, GATE: tl.constexpr):
 
 
 @triton.jit
-def _sequence_bounds(cu_seqlens, i_n, T, VARLEN: tl.constexpr):
-    """First and one-past-last token (in the flattened [B*T] token axis) of sequence i_n."""
-    if VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    else:
-        bos = i_n * T
-        eos = bos + T
-    return bos, eos
-
-
-@triton.jit
 def fused_recurrent_delta_fwd_kernel(
     q, k, v, g, beta, o, h0, ht, ckpt, cu_seqlens,
     scale, T,
@@ -203,8 +192,7 @@ def fused_recurrent_delta_fwd_kernel(
 
     Tensors are flattened over (batch, time): q, k [B*T, H, K]; v, o [B*T, HV, V];
     beta [B*T, HV]; g [B*T, HV] or [B*T, HV, K]; states [N, HV, K, V]; ckpt
-    [B*T // C + N, HV, K, V] (chunk c of sequence n has slot bos // C + n + c, which never
-    collides because ceil(L/C) <= L // C + 1).
+    [state_slots(...), HV, K, V], chunk c of sequence n in row first_state_slot(n) + c.
     """
     NV: tl.constexpr = (V + BV - 1) // BV
     G: tl.constexpr = HV // H
@@ -214,7 +202,8 @@ def fused_recurrent_delta_fwd_kernel(
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // G
-    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, VARLEN)
+    bos, seq_len = sequence_span(cu_seqlens, i_n, T, VARLEN)
+    first_slot = first_state_slot(bos, i_n, T, C, VARLEN)
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -227,7 +216,6 @@ def fused_recurrent_delta_fwd_kernel(
     if USE_H0:
         S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
 
-    seq_len = eos - bos
     # Two tokens in flight: token t+1's loads have landed and are prepared while step t
     # runs; token t+2's loads are issued at the top of step t.
     b_q, b_k, b_v, b_beta, b_g = _load_token(q, k, v, g, beta, bos, seq_len > 0, i_h, i_hv, o_k, o_v, m_k, m_v,
@@ -241,7 +229,7 @@ def fused_recurrent_delta_fwd_kernel(
                                             o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
         if SAVE_CKPT:
             if t % C == 0:
-                slot = bos // C + i_n + t // C
+                slot = first_slot + t // C
                 tl.store(ckpt + (slot * HV + i_hv) * K * V + o_kv, S, mask=m_kv)
         S, b_o = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
         tl.store(o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=m_v)
@@ -278,7 +266,8 @@ def fused_recurrent_delta_bwd_kernel(
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // G
-    bos, eos = _sequence_bounds(cu_seqlens, i_n, T, VARLEN)
+    bos, seq_len = sequence_span(cu_seqlens, i_n, T, VARLEN)
+    first_slot = first_state_slot(bos, i_n, T, C, VARLEN)
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -293,13 +282,12 @@ def fused_recurrent_delta_bwd_kernel(
     if USE_DHT:
         dS += tl.load(dht + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
 
-    seq_len = eos - bos
     n_chunks = (seq_len + C - 1) // C
     for c_rev in range(0, n_chunks):
         c = n_chunks - 1 - c_rev
         t0 = c * C
         chunk_len = tl.minimum(seq_len - t0, C)
-        slot = bos // C + i_n + c
+        slot = first_slot + c
         S = tl.load(ckpt + (slot * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
         # replay the chunk forward with the forward's arithmetic, keeping every S_{t-1}
         nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos + t0, True, i_h, i_hv, o_k, o_v, m_k, m_v,
@@ -361,7 +349,7 @@ def fused_recurrent_delta_bwd_kernel(
 def _l2norm_bwd(x_ptr, offs, mask, dy):
     """dx for y = x / sqrt(Σx² + eps): dx = (dy - y (y · dy)) / sqrt(Σx² + eps), row-wise."""
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, 1) + 1e-6)
+    rstd = tl.rsqrt(tl.sum(x * x, 1) + L2NORM_EPS)
     y = x * rstd[:, None]
     return (dy - y * tl.sum(y * dy, 1)[:, None]) * rstd[:, None]
 
@@ -395,7 +383,7 @@ def fused_recurrent_delta_reduce_kernel(
         b_dg_head = tl.zeros([BT], dtype=tl.float32)
         b_dg_chan = tl.zeros([BT, BK], dtype=tl.float32)
         for i_v in range(0, NV):
-            p_part = (i_v * NTOK + o_t) * HV + i_hv
+            p_part = (i_v * tl.cast(NTOK, tl.int64) + o_t) * HV + i_hv
             o_part = p_part[:, None] * K + o_k[None, :]
             b_dq += tl.load(dq_part + o_part, mask=m_tk, other=0.0)
             b_dk += tl.load(dk_part + o_part, mask=m_tk, other=0.0)
@@ -452,21 +440,23 @@ def _forward_config(K: int, V: int, max_len: int, n_heads: int) -> tuple[int, in
         return BK, min(V_pow2, 32), 4
     BV = min(max(2048 // BK, 8), 32, V_pow2)
     warp_slots = 48 if arch in (86, 89) else 64
-    while BV > 8 and n_heads * cdiv(V, BV) < 24 * warp_slots:
-        BV //= 2
+    while BV > 8 and n_heads * cdiv(V, BV) < 24 * warp_slots and not _arch.is_interpreter():
+        BV //= 2  # the interpreter runs programs one after another: more of them only cost
     return BK, BV, 1
 
 
 def _backward_config(K: int, V: int) -> tuple[int, int, int]:
     """(BK, BV, num_warps) of the backward's reverse pass.
 
-    It holds three [BK, BV] tiles (dS, the replayed state, the next state in flight), so
-    BK * BV = 2048 over 2 warps up to K = 128 (measured on an H200: BV 16 / 2 warps is
-    the fastest of 8..32 / 1..4 warps), and over 4 warps at K = 256 (2 warps spill there).
+    It holds three [BK, BV] tiles (dS, the replayed state, the next state in flight). On an
+    H200 at K = V = 128 the reverse pass ran equally fast at BV 16 / 2 warps and BV 32 / 4
+    warps (and slower at 8 / 1 and 16 / 4); the wider tile halves the partial-gradient
+    buffers ([NV, tokens, HV, K] fp32 for dq and dk), so BK * BV = 4096 over 4 warps, and
+    over 8 warps at K = 256, where 4 warps sit at the 255-register cap.
     """
     BK = max(triton.next_power_of_2(K), 16)
-    BV = min(max(2048 // BK, 8), max(triton.next_power_of_2(V), 8))
-    return BK, BV, 2 if BK <= 128 else 4
+    BV = min(max(4096 // BK, 8), max(triton.next_power_of_2(V), 8))
+    return BK, BV, 4 if BK <= 128 else 8
 
 
 def _checkpoint_interval(max_len: int) -> int:
@@ -487,7 +477,9 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
     C = _checkpoint_interval(max_len)
     o = empty((B, T, HV, V), v.dtype, q.device)
     ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
-    ckpt = empty(((B * T) // C + N, HV, K, V), torch.float32, q.device) if save_checkpoints else None
+    ckpt = None
+    if save_checkpoints:
+        ckpt = empty((state_slots(B, T, N, C, cu_seqlens is not None), HV, K, V), torch.float32, q.device)
     grid = (N * HV * cdiv(V, BV),)
     if grid[0] > 0:
         fused_recurrent_delta_fwd_kernel[grid](

@@ -2,9 +2,12 @@
 
 Keys are L2-normalised as callers normally do (OPS.md); ``use_qk_l2norm_in_kernel`` cases
 also normalise inside the kernels. The backward replays the forward from state
-checkpoints every 16 steps at these sizes, so T = 40 crosses two checkpoint boundaries
-and ends inside a chunk; the varlen packings (built around 16) put sequences at, just
-before and just after a boundary. Gated ops run with grouped value heads (HV = 2 H).
+checkpoints every 16 steps at these sizes, so T = 24 crosses a checkpoint boundary and
+ends inside a chunk; the varlen packings (built around 16) put sequences at, just before
+and just after a boundary. Gated ops run with grouped value heads (HV = 2 H). CPU sizes
+are small because the interpreter runs every program of every check in turn; the
+focused tests (tests/kernels/test_fused_recurrent_delta_pieces.py) split the value axis
+over several programs.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ GVA_ARGS = {**QK, "v": Arg(("B", "T", "HV", "V")), "beta": Arg(("B", "T", "HV"),
 GATED_ARGS = {**GVA_ARGS, "g": Arg(("B", "T", "HV"), "log_gate", float32=True)}
 KDA_ARGS = {**GVA_ARGS, "g": Arg(("B", "T", "HV", "K"), "log_gate", float32=True)}
 
-# CPU sizes: T = 40 spans three checkpoint chunks of 16, K and V not powers of two apart
-# (V = 24 is masked inside a 32-wide tile).
-SMALL = {"B": 2, "T": 40, "H": 2, "K": 16, "V": 24}
-GVA = {**SMALL, "HV": 4}
+# CPU sizes: T = 24 spans two checkpoint chunks of 16, V = 24 is masked inside a 32-wide
+# tile. The GVA cases map 2 value heads onto 1 key head (batch 2), and 4 onto 2 (batch 1).
+SMALL = {"B": 2, "T": 24, "H": 2, "K": 16, "V": 24}
+GVA = {**SMALL, "H": 1, "HV": 2}
+GVA_HEADS = {**SMALL, "B": 1, "HV": 4}
 GPU = {"B": 2, "T": 1024, "H": 4, "K": 128, "V": 128}
 GPU_GVA = {**GPU, "HV": 8}
 WITH_STATE = {"initial_state": True, "output_final_state": True}
@@ -41,13 +45,13 @@ DELTA_CASES = (
 )
 GATED_CASES = (
     Case("gva_state", GVA, options=WITH_STATE, gpu_dims=GPU_GVA),
-    Case("strong_decay_l2norm", GVA, dist="strong_decay", options={**WITH_STATE, **L2NORM},
+    Case("strong_decay_l2norm", GVA_HEADS, dist="strong_decay", options={**WITH_STATE, **L2NORM},
          gpu_dims={**GPU_GVA, "K": 256, "V": 256}),
     Case("realistic_large", SMALL, gpu_dims=LARGE, checks=("forward",)),
 )
 KDA_CASES = (
     Case("gva_state", GVA, options=WITH_STATE, gpu_dims=GPU_GVA),
-    Case("strong_decay_l2norm", GVA, dist="strong_decay", options={**WITH_STATE, **L2NORM},
+    Case("strong_decay_l2norm", GVA_HEADS, dist="strong_decay", options={**WITH_STATE, **L2NORM},
          gpu_dims={**GPU_GVA, "K": 64, "V": 64}),
 )
 COMPILE = tuple(

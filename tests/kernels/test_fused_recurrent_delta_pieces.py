@@ -73,16 +73,20 @@ def _check_against_reference(op, ref, args, names, device, seed):
 
 @pytest.mark.parametrize("gate", ["none", "head", "channel"])
 def test_backward_across_checkpoint_boundaries(device, gate):
-    """Packed sequences of C-1, C, C+1 and 2C+1 tokens (C = the checkpoint interval) plus an
-    empty one, with the value axis split over several backward programs."""
-    K, V, H, HV = 64, 48, 1, 2
-    C = _checkpoint_interval(40)
+    """Packed sequences of C-1, C+1 and 2C+1 tokens (C = the checkpoint interval) and an
+    empty one (sequences of exactly C are in the conformance packings), with the value axis
+    split over several backward programs; the gated rule also maps 2 value heads to 1 key
+    head, so the dq/dk partial sums add over value blocks and heads."""
+    K, V, H = 128, 40, 1
+    HV = 2 if gate == "head" else 1
+    C = 16
+    lengths = [C - 1, C + 1, 0, 2 * C + 1]
+    assert _checkpoint_interval(max(lengths)) == C
     assert V > _backward_config(K, V)[1], "the value axis must span more than one backward program"
-    lengths = [C - 1, C, 0, C + 1, 2 * C + 1]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
     T = int(cu[-1])
     gen = torch.Generator().manual_seed(11)
-    q, k, v, g, beta = _inputs(1, T, H, HV if gate != "none" else H, K, V, gen, gate=gate if gate != "none" else None)
+    q, k, v, g, beta = _inputs(1, T, H, HV, K, V, gen, gate=gate if gate != "none" else None)
     h0 = torch.randn(len(lengths), v.shape[2], K, V, generator=gen)
     args = dict(q=q, k=k, v=v, beta=beta, initial_state=h0, output_final_state=True)
     if gate != "none":
