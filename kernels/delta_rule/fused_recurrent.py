@@ -452,11 +452,12 @@ def _backward_config(K: int, V: int) -> tuple[int, int, int]:
     H200 at K = V = 128 the reverse pass ran equally fast at BV 16 / 2 warps and BV 32 / 4
     warps (and slower at 8 / 1 and 16 / 4); the wider tile halves the partial-gradient
     buffers ([NV, tokens, HV, K] fp32 for dq and dk), so BK * BV = 4096 over 4 warps, and
-    over 8 warps at K = 256, where 4 warps sit at the 255-register cap.
+    over 8 warps at K = 256, where 4 warps sit at the 255-register cap; BV <= 32 (a [64, 64]
+    tile over 4 warps also reaches the cap); small tiles get a warp per 512 elements.
     """
     BK = max(triton.next_power_of_2(K), 16)
-    BV = min(max(4096 // BK, 8), max(triton.next_power_of_2(V), 8))
-    return BK, BV, 4 if BK <= 128 else 8
+    BV = min(max(4096 // BK, 8), 32, max(triton.next_power_of_2(V), 8))
+    return BK, BV, 8 if BK > 128 else max(1, min(4, BK * BV // 512))
 
 
 def _checkpoint_interval(max_len: int) -> int:
