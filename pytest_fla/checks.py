@@ -1,0 +1,298 @@
+"""The conformance checks, written once over all op specs.
+
+Each function here is one check on one spec; ``tests/test_conformance.py`` parametrizes
+them over :func:`pytest_fla.specs.all_specs`. They raise ``AssertionError`` with the
+measured errors on failure. Helpers that run an op forward and backward against its
+float64 reference live here too, so focused tests can reuse them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+
+import torch
+
+from .launches import observe_launches
+from .packings import Packing
+from .spec import Case, OpSpec, Sample, torch_dtype
+from .tolerance import assert_close
+
+
+def numeric_device() -> torch.device:
+    """The device the numeric checks run on: the GPU, or the CPU under the interpreter."""
+    from kernels._arch import is_interpreter
+
+    if not is_interpreter() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def seed_for(*parts) -> int:
+    """A stable seed per test, so a failure reproduces from its id alone."""
+    return zlib.crc32("-".join(str(p) for p in parts).encode()) & 0x7FFFFFFF
+
+
+def cotangents(outputs, seed: int) -> list:
+    """Random upstream gradients, one per tensor output, rounded to the output's dtype."""
+    gen = torch.Generator().manual_seed(seed)
+    grads = []
+    for o in outputs:
+        if o is None:
+            grads.append(None)
+        else:
+            grads.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype))
+    return grads
+
+
+def differentiable(spec: OpSpec, sample: Sample) -> list[str]:
+    """Names of the sample's tensors that get gradients (``initial_state`` included)."""
+    names = [n for n in spec.grads if isinstance(sample.kwargs.get(n), torch.Tensor)]
+    if isinstance(sample.kwargs.get("initial_state"), torch.Tensor) and "initial_state" not in names:
+        names.append("initial_state")
+    return names
+
+
+def run_with_grads(fn, sample: Sample, names, grad_outputs=None, *, upcast=False, seed=0):
+    """Call ``fn(**kwargs)`` with fresh leaves for ``names``; return (outputs, grads).
+
+    ``upcast`` makes the leaves float64 (for the reference). The upstream gradients are
+    drawn from ``seed`` (or given), so kernel and reference see the same ones.
+    """
+    kwargs = dict(sample.kwargs)
+    leaves = {}
+    for name in names:
+        t = kwargs[name].detach()
+        leaves[name] = (t.double() if upcast else t.clone()).requires_grad_(True)
+    kwargs.update(leaves)
+    from .spec import as_tuple
+
+    outputs = as_tuple(fn(**kwargs))
+    if grad_outputs is None:
+        grad_outputs = cotangents(outputs, seed)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o is not None and g is not None]
+    if names:
+        grads = torch.autograd.grad(
+            [o for o, _ in pairs],
+            [leaves[n] for n in names],
+            [g.to(o.dtype) for o, g in pairs],
+            allow_unused=True,
+        )
+    else:
+        grads = ()
+    return [o.detach() if o is not None else None for o in outputs], dict(zip(names, grads)), grad_outputs
+
+
+def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
+    sample = spec.sample(case, dtype, device, seed)
+    with torch.no_grad():
+        out = spec.call(sample)
+        ref = spec.call_reference(sample)
+    for name, o, r in zip(spec.outputs, out, ref):
+        assert_close(f"{spec.name}.{name}", o, r, dtype)
+
+
+def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> None:
+    """Gradients of every differentiable input against float64 autograd of the reference."""
+    names = differentiable(spec, sample)
+    out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
+    ref_out, ref_grads, _ = run_with_grads(spec.reference_fn, sample, names, upstream, upcast=True)
+    for name, o, r in zip(spec.outputs, out, ref_out):
+        assert_close(f"{spec.name}.{name}", o, r, dtype)
+    for name in names:
+        assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], dtype, "backward")
+
+
+def _sequence_slice(spec: OpSpec, kwargs: dict, start: int, end: int, n: int) -> dict:
+    """The kwargs of one packed sequence as a B = 1 call of its own."""
+    out = {}
+    for name, value in kwargs.items():
+        if name == "cu_seqlens":
+            continue
+        arg = spec.args.get(name)
+        if isinstance(value, torch.Tensor) and arg is not None and "T" in arg.layout:
+            out[name] = value.narrow(arg.layout.index("T"), start, end - start).contiguous()
+        elif name == "initial_state" and isinstance(value, torch.Tensor):
+            out[name] = value[n : n + 1].contiguous()
+        else:
+            out[name] = value
+    return out
+
+
+def check_varlen(spec: OpSpec, case: Case, packing: Packing, dtype: str, device, seed: int) -> None:
+    """Packed ``cu_seqlens`` run == float64 reference (forward and backward), and each
+    sequence's slice == the kernel run on that sequence alone."""
+    sample = spec.sample(case, dtype, device, seed, lengths=packing.lengths)
+    sample.kwargs["cu_seqlens"] = sample.kwargs["cu_seqlens"].to(packing.index_dtype)
+    check_backward(spec, sample, dtype, seed)
+    with torch.no_grad():
+        packed = spec.call(sample)
+    offsets = sample.kwargs["cu_seqlens"].tolist()
+    for n in range(len(offsets) - 1):
+        start, end = offsets[n], offsets[n + 1]
+        if end == start:
+            continue  # a zero-length sequence: checked through the reference above
+        alone = _sequence_slice(spec, sample.kwargs, start, end, n)
+        with torch.no_grad():
+            single = spec.call(Sample(alone))
+        for name, p, s in zip(spec.outputs, packed, single):
+            if p is None:
+                continue
+            if name == "final_state":
+                p_n = p[n : n + 1]
+            else:  # every per-token output is laid out [B, T, ...]
+                p_n = p.narrow(1, start, end - start)
+            assert_close(f"{spec.name}.{name}[sequence {n}] packed vs alone", p_n, s.double(), dtype, "agreement")
+
+
+def check_agreement(spec: OpSpec, other: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
+    """Two kernels for the same function (chunk vs fused_recurrent) agree, with gradients."""
+    sample = spec.sample(case, dtype, device, seed)
+    names = differentiable(spec, sample)
+    out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
+    out2, grads2, _ = run_with_grads(other.op_fn, sample, names, upstream)
+    for name, a, b in zip(spec.outputs, out, out2):
+        assert_close(f"{spec.name} vs {other.name}: {name}", a, b.double() if b is not None else None, dtype, "agreement")
+    for name in names:
+        assert_close(f"{spec.name} vs {other.name}: d{name}", grads[name], grads2[name].double(), dtype, "backward")
+
+
+def check_error_input(spec: OpSpec, error, device) -> None:
+    """The bad call raises the expected error, and launches nothing first."""
+    import pytest
+
+    with observe_launches() as launches:
+        with pytest.raises(error.error, match=error.match):
+            spec.op_fn(**error.kwargs)
+    assert launches.count == 0, f"{spec.name}: {launches.count} kernel launch(es) before the error"
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()  # the device is still healthy after the rejected call
+
+
+@contextlib.contextmanager
+def poisoned_allocations():
+    """Every buffer the kernels allocate starts as NaN (see ``kernels._utils.empty``)."""
+    import kernels._utils as utils
+
+    before = utils.POISON_ALLOCATIONS
+    utils.POISON_ALLOCATIONS = True
+    try:
+        yield
+    finally:
+        utils.POISON_ALLOCATIONS = before
+
+
+def check_every_output_written(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
+    with poisoned_allocations():
+        sample = spec.sample(case, dtype, device, seed)
+        names = differentiable(spec, sample)
+        out, grads, _ = run_with_grads(spec.op_fn, sample, names, seed=seed)
+    for name, o in list(zip(spec.outputs, out)) + [(f"d{n}", grads[n]) for n in names]:
+        if o is None:
+            continue
+        bad = ~torch.isfinite(o)
+        assert not bad.any(), (
+            f"{spec.name}: {int(bad.sum())} of {o.numel()} elements of {name} were never written "
+            f"(still NaN from the poisoned allocation), first at {tuple(torch.nonzero(bad)[0].tolist())}"
+        )
+
+
+def check_deterministic(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
+    sample = spec.sample(case, dtype, device, seed)
+    names = differentiable(spec, sample)
+    out1, grads1, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
+    out2, grads2, _ = run_with_grads(spec.op_fn, sample, names, upstream)
+    for name, a, b in list(zip(spec.outputs, out1, out2)) + [(f"d{n}", grads1[n], grads2[n]) for n in names]:
+        if a is None:
+            continue
+        assert torch.equal(a, b), f"{spec.name}: {name} differs between two identical runs"
+
+
+def grid_axes_by_batch(spec: OpSpec, case: Case, device, seed: int) -> list[tuple]:
+    """Launch grids (forward and backward) at two batch sizes, paired launch by launch."""
+    runs = []
+    for batch in (1, 3):
+        sample = spec.sample(case.with_dims(B=batch), "fp32", device, seed)
+        names = differentiable(spec, sample)
+        with observe_launches() as launches:
+            run_with_grads(spec.op_fn, sample, names, seed=seed)
+        runs.append(launches.grids)
+    assert len(runs[0]) == len(runs[1]), f"{spec.name}: the number of launches depends on the batch size"
+    return list(zip(*runs))
+
+
+def check_huge_grid(spec: OpSpec, dtype: str, device, seed: int) -> None:
+    """B*H above 65535 runs and matches the reference (GPU); on the CPU, the grid rule:
+    grid axes 1 and 2 (capped at 65535 by CUDA) never grow with the batch size."""
+    if torch.device(device).type != "cuda":
+        case = spec.cases[0]
+        for small, large in grid_axes_by_batch(spec, case, device, seed):
+            if small is None or large is None:
+                continue
+            assert tuple(small[1:]) == tuple(large[1:]), (
+                f"{spec.name}: grid {small} at B=1 became {large} at B=3: the batch is on grid "
+                "axis 1 or 2, which CUDA caps at 65535"
+            )
+        return
+    case = Case("huge_grid", dict(spec.huge_grid), options={"output_final_state": True})
+    check_forward(spec, case, dtype, device, seed)
+
+
+def dtype_skip_reason(dtype: str, device) -> str | None:
+    """Why ``dtype`` can't be checked on ``device`` (None when it can)."""
+    import triton
+
+    if torch.device(device).type == "cpu" and dtype == "bf16":
+        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+        if (major, minor) < (3, 8):
+            return (f"Triton {triton.__version__}'s interpreter computes bf16 tl.dot wrongly; "
+                    "bf16 is checked on the GPU")
+    if torch.device(device).type == "cuda" and dtype == "fp16":
+        return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
+    return None
+
+
+
+def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) -> None:
+    """A batch whose tensors hold more than 2**31 elements (32-bit offsets wrap there):
+    the last rows must still be right. Forward only, bf16; the rows are tiled from a small
+    sample so that drawing inputs stays cheap, and the reference runs on that sample."""
+    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128}, options={"output_final_state": True})
+    small = spec.sample(base, "bf16", device, seed)
+    per_row = max(t[0].numel() for name, t in small.tensors().items() if spec.args.get(name) and spec.args[name].layout[0] == "B")
+    rows = -(-elements // per_row) + 1
+    repeats = -(-rows // 2)
+    big = {}
+    for name, value in small.kwargs.items():
+        arg = spec.args.get(name)
+        if isinstance(value, torch.Tensor) and arg is not None and arg.layout[0] in ("B", "N"):
+            value = value.repeat(repeats, *([1] * (value.dim() - 1)))
+        big[name] = value
+    with torch.no_grad():
+        out = spec.call(Sample(big))
+        ref = spec.call_reference(small)
+    last = (2 * repeats - 1) % 2  # the small-sample row the big batch's last row came from
+    for name, o, r in zip(spec.outputs, out, ref):
+        if r is None:
+            continue
+        assert_close(f"{spec.name}.{name}[last row of {o.shape[0]}]", o[-1:], r[last : last + 1], "bf16")
+        assert_close(f"{spec.name}.{name}[first row]", o[:1], r[:1], "bf16")
+
+
+def check_no_host_sync(spec: OpSpec, device, seed: int) -> None:
+    """With ``cu_seqlens_cpu`` given, or the same ``cu_seqlens`` seen before, a varlen
+    forward makes no device-to-host sync (``torch.cuda.set_sync_debug_mode('error')``
+    turns any sync into an error)."""
+    sample = spec.sample(spec.cases[0], "bf16", device, seed, lengths=(5, 70, 1, 33))
+    with torch.no_grad():
+        spec.call(sample)  # compiles, and validates this cu_seqlens once
+        with_cpu = Sample({**sample.kwargs, "cu_seqlens_cpu": sample.kwargs["cu_seqlens"].cpu()})
+        for label, s in (("cu_seqlens seen before", sample), ("cu_seqlens_cpu given", with_cpu)):
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                spec.call(s)
+            except RuntimeError as e:
+                raise AssertionError(f"{spec.name}: a device-to-host sync with {label}: {e}") from None
+            finally:
+                torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,112 @@
+"""Input factories: realistic and stress distributions for every argument kind.
+
+An op's inputs are declared once as ``{name: Arg(layout, kind)}``; :func:`make_factory`
+turns that into the ``OpSpec.factory`` callable. Layouts are tuples of dim names
+(``("B", "T", "H", "K")``) resolved against the case's dims, with ``N`` the number of
+sequences (``B``, or the number of packed sequences under ``cu_seqlens``).
+
+Distributions (OPS.md, "Realistic inputs"): gates are ``logsigmoid(randn) / normalizer``;
+``realistic`` uses normalizer 8 (a few percent decay per step), ``strong_decay`` 0.01
+(per-step log gates down to about -500: naive chunk forms overflow ``exp``),
+``weak_decay`` 64. Everything is drawn on the CPU from one seeded generator, then moved,
+so a sample is the same on every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from .spec import Case, Sample
+
+GATE_NORMALIZER = {"realistic": 8.0, "strong_decay": 0.01, "weak_decay": 64.0}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One tensor argument: its layout and how its values are drawn.
+
+    kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
+    ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per
+    head, ``log(1 - 2^(-5-h))`` scaled by the distribution), ``beta`` (``sigmoid(randn)``),
+    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn).
+    ``optional`` arguments are drawn only when the case's options switch them on.
+    """
+
+    layout: tuple[str, ...]
+    kind: str = "normal"
+    optional: bool = False
+    float32: bool = False  # drawn in float32 whatever the sample's dtype
+
+
+def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
+    """Float64 values of one argument, on the CPU."""
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind == "normal":
+        return x
+    if kind == "state":
+        return x
+    if kind == "unit":
+        return F.normalize(x, dim=-1)
+    if kind == "log_gate":
+        return F.logsigmoid(x) / GATE_NORMALIZER[dist]
+    if kind == "head_gate":
+        h = torch.arange(shape[-1], dtype=torch.float64)
+        return torch.log1p(-torch.pow(2.0, -5.0 - h)) * (8.0 / GATE_NORMALIZER[dist])
+    if kind == "beta":
+        return torch.sigmoid(x)
+    if kind == "positive":
+        return 1.0 + 0.1 * x
+    raise ValueError(f"unknown argument kind {kind!r}")
+
+
+def resolve_dims(case: Case, lengths) -> dict[str, int]:
+    dims = dict(case.dims)
+    dims.setdefault("V", dims.get("K", 0))
+    dims.setdefault("HV", dims.get("H", 0))
+    if lengths is not None:
+        dims["B"], dims["T"], dims["N"] = 1, int(sum(lengths)), len(lengths)
+    else:
+        dims["N"] = dims.get("B", 1)
+    return dims
+
+
+def cu_seqlens_for(lengths, dtype=torch.int64) -> torch.Tensor:
+    """Offsets ``[0, l0, l0 + l1, ...]`` of sequences of the given lengths, packed along T."""
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + int(n))
+    return torch.tensor(offsets, dtype=dtype)
+
+
+def make_factory(args: Mapping[str, Arg], extra: Callable[[Case, dict], dict] | None = None):
+    """An ``OpSpec.factory`` drawing ``args`` for a case.
+
+    Case options whose name is an optional argument switch it on (``initial_state=True``);
+    every other option is passed to the op as a keyword (``output_final_state=True``).
+    ``extra(case, dims)`` may add keyword arguments computed from the dims.
+    """
+
+    def factory(case: Case, dtype, device, gen, lengths) -> Sample:
+        dims = resolve_dims(case, lengths)
+        kwargs: dict = {}
+        for name, arg in args.items():
+            if arg.optional and not case.options.get(name, False):
+                continue
+            shape = tuple(dims[d] for d in arg.layout)
+            values = draw(arg.kind, shape, gen, case.dist)
+            target = torch.float32 if (arg.float32 or arg.kind == "state") else dtype
+            kwargs[name] = values.to(target).to(device)
+        for key, value in case.options.items():
+            if key not in args:
+                kwargs[key] = value
+        if extra is not None:
+            kwargs.update(extra(case, dims))
+        if lengths is not None:
+            kwargs["cu_seqlens"] = cu_seqlens_for(lengths).to(device)
+        return Sample(kwargs)
+
+    return factory

@@ -1,0 +1,153 @@
+"""Op specs: each op described once, as data; the checks are written once over all of them.
+
+An :class:`OpSpec` says what an op is (its kernel entry point and its float64 reference),
+how to draw inputs for it (:meth:`OpSpec.sample`), which inputs have gradients, which
+bad inputs must raise what, and which other op it must agree with. The generic checks in
+``tests/test_conformance.py`` are parametrized over every spec in
+:func:`pytest_fla.specs.all_specs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named input configuration: sizes, the distribution inputs are drawn from, options.
+
+    ``dims`` holds the sizes the op's input factory understands (``B, T, H, K, V, HV`` for
+    the linear-attention ops); ``dist`` names a distribution the factory knows
+    (``realistic``, ``strong_decay``, ...); ``options`` are extra keyword arguments of the
+    op (``output_final_state``, ``use_qk_l2norm_in_kernel``, ...) and factory switches
+    (``initial_state``: draw one). ``gpu_dims`` replaces ``dims`` on a CUDA device, where
+    realistic sizes are affordable (CPU runs use the interpreter at small sizes).
+    ``checks``, if given, limits the case to those checks (e.g. a large forward-only case).
+    """
+
+    name: str
+    dims: Mapping[str, int]
+    dist: str = "realistic"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    gpu_dims: Mapping[str, int] | None = None
+    checks: tuple[str, ...] | None = None
+
+    def dims_for(self, device) -> Mapping[str, int]:
+        return self.gpu_dims if (self.gpu_dims and str(device).startswith("cuda")) else self.dims
+
+    def with_dims(self, **dims) -> "Case":
+        return dataclasses.replace(self, dims={**self.dims, **dims})
+
+
+@dataclass
+class Sample:
+    """Keyword arguments for one call of an op (and of its reference)."""
+
+    kwargs: dict[str, Any]
+
+    def tensors(self) -> dict[str, Any]:
+        import torch
+
+        return {k: v for k, v in self.kwargs.items() if isinstance(v, torch.Tensor)}
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    """A call that must raise ``error`` with a message matching ``match``, before any launch."""
+
+    name: str
+    kwargs: Mapping[str, Any]
+    error: type
+    match: str
+
+
+# (case, dtype, device, generator, lengths) -> Sample. With ``lengths`` the factory packs
+# that many sequences along T (B = 1) and sets ``cu_seqlens`` (int64 unless the case says).
+SampleFactory = Callable[..., Sample]
+ErrorFactory = Callable[["OpSpec", Any], Iterable[ErrorInput]]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op, as data. See the module docstring."""
+
+    name: str
+    family: str
+    # The kernel entry point and the float64 reference: callables, or dotted paths
+    # ("kernels.chunk_simple_gla") imported on first use, which keeps collection
+    # import-light and lets the same specs point at another library's kernels.
+    op: Callable | str
+    reference: Callable | str
+    factory: SampleFactory
+    cases: tuple[Case, ...]
+    grads: tuple[str, ...] = ()
+    errors: ErrorFactory | None = None
+    # Outputs of the op, in order; ``None`` entries are allowed (e.g. no final state).
+    outputs: tuple[str, ...] = ("o", "final_state")
+    # Chunk length of a chunked kernel: varlen packings put sequences at chunk-1/chunk/chunk+1.
+    chunk_size: int | None = None
+    varlen: bool = True
+    # Name of an op computing the same function differently (chunk vs fused_recurrent).
+    agrees_with: str | None = None
+    deterministic: bool = True
+    # Cases at realistic sizes (K=V=128, 256, ...) whose launches are captured and
+    # compiled offline for each target arch (the plugin's compile-only mode).
+    compile_cases: tuple[Case, ...] = ()
+    # Dims for the huge-grid check (B*H above 65535); None where the op has no head grid.
+    huge_grid: Mapping[str, int] | None = None
+    # The input declaration the factory was built from (name -> inputs.Arg), for checks
+    # that mutate single arguments (wrong shape, wrong device).
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def op_fn(self) -> Callable:
+        return resolve(self.op)
+
+    @property
+    def reference_fn(self) -> Callable:
+        return resolve(self.reference)
+
+    def sample(self, case: Case, dtype: str = "fp32", device="cpu", seed: int = 0, lengths=None) -> Sample:
+        import torch
+
+        device = torch.device(device)
+        case = dataclasses.replace(case, dims=case.dims_for(device))
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        return self.factory(case, torch_dtype(dtype), device, gen, lengths)
+
+    def call(self, sample: Sample):
+        """Run the op; always returns a tuple of outputs (``None`` where absent)."""
+        return as_tuple(self.op_fn(**sample.kwargs))
+
+    def call_reference(self, sample: Sample):
+        return as_tuple(self.reference_fn(**sample.kwargs))
+
+    def case(self, name: str) -> Case:
+        for c in self.cases:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name} has no case {name!r}")
+
+
+def resolve(target: Callable | str) -> Callable:
+    """A callable, or the object a dotted path ``"package.module.name"`` names."""
+    if callable(target):
+        return target
+    import importlib
+
+    module, _, name = target.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)

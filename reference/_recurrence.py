@@ -1,0 +1,67 @@
+"""The token-by-token state loop shared by every recurrent op, and the per-head state algebra.
+
+A state S holds one [K, V] matrix per head ([H, K, V]); keys, queries and gates of one step
+are [H, K], values [H, V]. Without cu_seqlens every batch row is scanned at once, with a
+leading batch dim on all of them (the step functions index from the right).
+"""
+import torch
+
+from ._sequences import num_sequences, per_sequence
+
+
+def outer(k, v):
+    """k v^T per head: [..., H, K], [..., H, V] -> [..., H, K, V]."""
+    return k[..., :, None] * v[..., None, :]
+
+
+def read(S, q):
+    """S^T q per head: [..., H, K, V], [..., H, K] -> [..., H, V]."""
+    # A broadcast product and a sum: torch.einsum on small float64 CPU tensors costs
+    # milliseconds per call, which dominated every reference run.
+    return (S * q[..., :, None]).sum(-2)
+
+
+def run_recurrence(step, tokens, state_shape, output_shape,
+                   initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Scan every sequence: S_t, o_t = step(S_{t-1}, *tokens_t).
+
+    tokens: float64 tensors [B, T, ...], handed to step one time step at a time.
+    Sequence n starts from initial_state[n] ([N, *state_shape]) or from zeros.
+    Returns (o [B, T, *output_shape], final states [N, *state_shape] or None unless
+    output_final_state). A zero-length sequence's final state is its initial state.
+    """
+    batch_size = tokens[0].shape[0]
+    if initial_state is not None:
+        expected = (num_sequences(batch_size, cu_seqlens), *state_shape)
+        assert tuple(initial_state.shape) == expected, (tuple(initial_state.shape), expected)
+        initial_state = initial_state.double()
+    device = tokens[0].device
+
+    def scan(n, *sequence_tokens):
+        if initial_state is None:
+            S = torch.zeros(state_shape, dtype=torch.float64, device=device)
+        else:
+            S = initial_state[n]
+        outputs = []
+        for token in zip(*sequence_tokens):
+            S, o = step(S, *token)
+            outputs.append(o)
+        if not outputs:
+            return S.new_zeros((0, *output_shape)), S
+        return torch.stack(outputs), S
+
+    if cu_seqlens is None:
+        # Batch rows are independent sequences of equal length: one scan over all of them
+        # (a leading batch dim), which keeps the reference fast at realistic batch sizes.
+        if initial_state is None:
+            S = torch.zeros((batch_size, *state_shape), dtype=torch.float64, device=device)
+        else:
+            S = initial_state
+        outputs = []
+        for t in range(tokens[0].shape[1]):
+            S, o_t = step(S, *(x[:, t] for x in tokens))
+            outputs.append(o_t)
+        o = torch.stack(outputs, 1) if outputs else tokens[0].new_zeros((batch_size, 0, *output_shape))
+        return o, (S if output_final_state else None)
+    o, final_states = per_sequence(scan, tokens, cu_seqlens)
+    return o, (final_states if output_final_state else None)
