@@ -3,3 +3,5 @@
 Every op validates its inputs before launching (``kernels._validate``), returns
 ``(o, final_state)`` for the recurrent families, and has its backward in Triton.
 """
+
+from .gla.chunk import chunk_gla  # noqa: E402

@@ -194,44 +194,26 @@ def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.c
 
 
 @triton.jit
-def _gate_sums(g, g_next, BT: tl.constexpr):
-    """In-chunk gate sums of a ``[BT, D]`` gate tile, each a sum of same-sign terms.
-
-    ``g_next`` is the tile one row further (zero past the chunk's last valid row).
-    Returns ``G_i = sum_{t <= i} g_t`` and ``G_L - G_j = sum_{t > j} g_t``; the latter is
-    summed directly rather than taken as a difference of cumulative sums, which would
-    carry an absolute error of ``|G| * 2^-24`` (4e-4 at ``|G| ~ 6000``).
-    """
-    return tl.cumsum(g, axis=0), tl.cumsum(g_next, axis=0, reverse=True)
+def _right_half(level: tl.constexpr, BT: tl.constexpr):
+    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
+    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
 
 
 @triton.jit
-def _level_factor(g, g_next, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``e^{G_i - G_e}`` (second halves) or ``e^{G_e - G_j}`` (first halves) at ``level``.
+def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """In-block gate sums at ``level + 1`` from those at ``level``.
 
-    Rows are split into segments of ``s = 2**level``; in each pair of segments, ``e`` is the last row
-    of the first. For a row in a second (odd) segment the exponent is the inclusive sum
-    of ``g`` from the segment's start; for a row ``j`` in a first (even) segment it is
-    ``sum_{j < t <= e} g_t``, the reverse sum of ``g_next`` within the segment, without
-    its last row. Both are sums of ``g <= 0``: the factor is in [0, 1].
+    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
+    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
+    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
+    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
+    value stays a sum of same-sign terms: no cancellation, however large the decay.
     """
     s: tl.constexpr = 1 << level
     rows = tl.arange(0, BT)[:, None]
-    if s == 1:
-        x = tl.where(rows % 2 == 1, g, 0.0)
-    else:
-        u = tl.where(rows % s == s - 1, 0.0, g_next)
-        fwd = tl.cumsum(tl.reshape(g, (BT // s, s, BD)), axis=1)
-        rev = tl.cumsum(tl.reshape(u, (BT // s, s, BD)), axis=1, reverse=True)
-        odd = (tl.arange(0, BT // s) % 2 == 1)[:, None, None]
-        x = tl.reshape(tl.where(odd, fwd, rev), (BT, BD))
-    return tl.exp(x)
-
-
-@triton.jit
-def _second_half(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, 1]``: the rows in a second (odd) segment of ``2**level`` rows."""
-    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
+    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
+    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
+    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
 
 
 @triton.jit
@@ -275,23 +257,26 @@ def _intra_fwd(
     qk_self = tl.zeros([BT], dtype=tl.float32)
     for k0 in range(0, K, BK):
         b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
-        g_next = _load_rows(g + H * K, nrows - 1, H * K, k0, K, BT, BK)
         b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
         b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
-        G, G_rest = _gate_sums(b_g, g_next, BT)
+        # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
+        # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
+        L = b_g
+        R = tl.zeros([BT, BK], dtype=tl.float32)
+        for level in tl.static_range(LEVELS):
+            right = _right_half(level, BT)
+            factor = tl.exp(tl.where(right, L, R))
+            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+            a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            L, R = _next_level_sums(L, R, right, level, BT, BK)
+        # One block per chunk: L = G (the cumulative gate), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
         p_q, m_q = _tile(q_in, nrows, H * K, k0, K, BT, BK)
-        tl.store(p_q, (b_q * tl.exp(G) * scale).to(q_in.dtype.element_ty), mask=m_q)
+        tl.store(p_q, (b_q * tl.exp(L) * scale).to(q_in.dtype.element_ty), mask=m_q)
         p_k, m_k = _tile(k_out, nrows, H * K, k0, K, BT, BK)
-        tl.store(p_k, (b_k * tl.exp(G_rest)).to(k_out.dtype.element_ty), mask=m_k)
-        # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}).
-        for level in tl.static_range(LEVELS):
-            factor = _level_factor(b_g, g_next, level, BT, BK)
-            second = _second_half(level, BT)
-            q_s = tl.where(second, b_q * factor, 0.0).to(DOT)
-            k_s = tl.where(second, 0.0, b_k * factor).to(DOT)
-            a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+        tl.store(p_k, (b_k * tl.exp(R)).to(k_out.dtype.element_ty), mask=m_k)
         qk_self += tl.sum(b_q * b_k, axis=1)
 
     a = tl.where(rows == cols, qk_self[:, None], a) * scale
@@ -445,24 +430,27 @@ def _qkg_bwd(
     b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
     b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
     b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
-    g_next = _load_rows(g + H * K, nrows - 1, H * K, k0, K, BT, BK)
-    G, G_rest = _gate_sums(b_g, g_next, BT)
-    G_last = tl.sum(b_g, axis=0)
-    b_dq = dq_inter * tl.exp(G) * scale
-    dk_inter = dk_inter * tl.exp(G_rest)
 
     # Pairs i > j, level by level, as in the forward. The i = j terms (dA_ii k_i in dq_i,
     # dA_ii q_i in dk_i) are added last: they cancel exactly in q dq - k dk, and summing
     # them first would leave their rounding error in dg.
+    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
     dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    L = b_g
+    R = tl.zeros([BT, BK], dtype=tl.float32)
     for level in tl.static_range(LEVELS):
-        factor = _level_factor(b_g, g_next, level, BT, BK)
-        second = _second_half(level, BT)
+        right = _right_half(level, BT)
+        factor = tl.exp(tl.where(right, L, R))
         d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
-        k_s = tl.where(second, 0.0, b_k * factor).to(DOT)
-        b_dq += tl.where(second, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
-        q_s = tl.where(second, b_q * factor, 0.0).to(DOT)
-        dk_intra += tl.where(second, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
+        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        L, R = _next_level_sums(L, R, right, level, BT, BK)
+    # L = G, R = G_L - G (see the forward).
+    b_dq = dq_inter * tl.exp(L) * scale + dq_intra
+    dk_inter = dk_inter * tl.exp(R)
+    G_last = tl.sum(b_g, axis=0)
 
     # dg = revcumsum(q dq - k dk_intra) + sum_{t < s} k_t dk_inter_t + e^{G_L} sum_v h dh: the
     # carry of the module docstring with the k dk_inter terms of rows >= s cancelled out
@@ -525,7 +513,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         "intra": dict(BK=min(BK, 64), num_warps=8, num_stages=1),
         "state": dict(BV=state_bv, num_warps=8 if BK >= 128 else 4,
                       num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
-        "qkg": dict(BK=min(BK, 32), BV=min(BV_full, 64), num_warps=8, num_stages=1),
+        "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=8, num_stages=1),
     }
 
 
