@@ -4,4 +4,8 @@ Every op validates its inputs before launching (``kernels._validate``), returns
 ``(o, final_state)`` for the recurrent families, and has its backward in Triton.
 """
 
+from .gated_recurrent.fused_recurrent import (  # noqa: E402
+    fused_recurrent_gla, fused_recurrent_linear_attn, fused_recurrent_retention, fused_recurrent_simple_gla,
+)
+from .simple_gla.chunk import chunk_linear_attn, chunk_retention, chunk_simple_gla  # noqa: E402
 from .gla.chunk import chunk_gla  # noqa: E402

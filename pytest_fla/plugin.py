@@ -1,5 +1,310 @@
-"""pytest-fla's pytest entry point."""
+"""pytest-fla: the plugin's entry point (options, the header, and the hooks that wire
+the modules together).
+
+Processes of a run:
+
+* the controller (the process you start) resolves ``--fla-arch`` into targets; with one
+  target it runs the tests itself, with several it starts one xdist worker per target;
+* a worker runs every test under its own target (``FLA_RUN_TARGET`` and friends);
+* a child (``--fla-child``) runs a batch of tests for ``--fla-isolate`` or the sanitizer
+  and streams their reports back to the process that started it.
+
+Nothing here imports torch or triton, or touches CUDA, at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field
+
+import pytest
+
+from . import distribute, repro, sanitizer, targets
+from . import report as run_report
+from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
+    fla_poison_allocations,
+    cu_seqlens,
+    device_mismatch,
+    fla_chunk_size,
+    huge_batch,
+    parametrize_cu_seqlens,
+    rotary_dims,
+)
+
+ISOLATE_CHOICES = ("test", "module", "none")
+
+
+@dataclass
+class RunState:
+    role: str  # "controller", "worker" or "child"
+    targets: list = field(default_factory=list)  # the run's targets (controller only)
+    target: targets.Target | None = None  # the target this process runs tests under
+    tools: list = field(default_factory=list)  # sanitizer tools
+    isolate: str = "none"
+    report: run_report.RunReport | None = None
+    batches: dict = field(default_factory=dict)  # nodeid -> ItemOutcome, for module isolation
+
+
+RUN = pytest.StashKey[RunState]()
+TARGETS = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("fla", "pytest-fla: linear-attention kernel checks")
+    group.addoption(
+        "--fla-arch",
+        default="native",
+        help="arch targets: native (default), one arch (sm80), a list (sm80,sm90) or all "
+        f"({', '.join(targets.arch_name(a) for a in targets.ALL_ARCHS)}); each runs native, emulated, "
+        "compile-only or under the interpreter, as the machine allows (see the header)",
+    )
+    group.addoption(
+        "--fla-sanitizer",
+        default=None,
+        metavar="TOOLS",
+        help="re-run each test in a subprocess under compute-sanitizer with these tools "
+        f"({','.join(sanitizer.TOOLS)}); any report fails the test",
+    )
+    group.addoption("--fla-blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1: faults show at their launch")
+    group.addoption(
+        "--fla-isolate",
+        choices=ISOLATE_CHOICES,
+        default=None,
+        help="run each test (or module) in a subprocess, so a device fault or a crash fails only "
+        "its own test (default: none; test under --fla-sanitizer)",
+    )
+    group.addoption("--fla-report", default=None, metavar="PATH", help="write the ops x checks report as JSON")
+    group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
+    group.addoption("--fla-child", default=None, help=argparse.SUPPRESS)
+
+
+def _role(config) -> str:
+    if getattr(config.option, "fla_child", None) or getattr(config.known_args_namespace, "fla_child", None):
+        return "child"
+    if hasattr(config, "workerinput"):
+        return "worker"
+    return "controller"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Set up this process's target before conftests can import torch or triton."""
+    options = early_config.known_args_namespace
+    role = _role(early_config)
+    if role == "child":
+        return
+    if role == "worker":
+        distribute.pin_worker_to_gpu()
+        return
+    if options.fla_blocking:
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    gpu = targets.probe_gpu()
+    try:
+        run_targets = targets.resolve_targets(options.fla_arch, gpu)
+    except ValueError as error:
+        raise pytest.UsageError(f"--fla-arch: {error}") from None
+    early_config.stash[TARGETS] = run_targets
+    if gpu is not None:
+        os.environ[distribute.GPUS_ENV] = ",".join(distribute.visible_gpus(gpu))
+    if len(run_targets) == 1:
+        targets.apply_environment(targets.target_environment(run_targets[0]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    run_targets = config.stash.get(TARGETS, [])
+    if _role(config) == "controller" and len(run_targets) > 1 and not config.option.collectonly:
+        distribute.use_one_worker_per_target(config, run_targets)
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "fla_op(name): the op a conformance test checks (for reports)")
+    config.addinivalue_line("markers", "fla_op(name): the op a test checks (a row of the report matrix)")
+    config.addinivalue_line("markers", "fla_compile(arch): an offline compile check for one arch, e.g. 'sm86'")
+    role = _role(config)
+    state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
+    if config.option.fla_sanitizer and role != "child":
+        try:
+            state.tools = sanitizer.parse_tools(config.option.fla_sanitizer)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+        if sanitizer.executable() is None:
+            raise pytest.UsageError("--fla-sanitizer: compute-sanitizer is not on the PATH")
+    state.isolate = config.option.fla_isolate or ("test" if state.tools else "none")
+    if role == "child":
+        state.isolate = "none"
+        from .isolation import ChildReporter
+
+        config.pluginmanager.register(ChildReporter(config, config.option.fla_child), "fla-child")
+    config.stash[repro.SANITIZER_TOOLS] = state.tools
+    if state.target is not None and state.target.mode == targets.EMULATED:
+        from .emulation import enforce_shared_memory_limit
+
+        enforce_shared_memory_limit(targets.SHARED_MEMORY_LIMIT[state.target.arch])
+    if role == "controller":
+        state.report = run_report.RunReport(state.targets)
+        config.pluginmanager.register(ReportCollector(state.report), "fla-report")
+    config.stash[RUN] = state
+
+
+def pytest_report_header(config):
+    state = config.stash.get(RUN, None)
+    if state is None or state.role != "controller":
+        return None
+    lines = [f"fla targets ({len(state.targets)}):"]
+    lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
+    if len(state.targets) > 1:
+        lines.append("  one xdist worker per target; compile checks run in their own arch's worker")
+    if not any(targets.COMPILES[t.mode] for t in state.targets):
+        lines.append("  compile checks: none here (deselected); --fla-arch=all adds compile-only targets")
+    if state.tools:
+        lines.append(f"fla sanitizer: {', '.join(state.tools)} (each test re-run in a subprocess)")
+    if state.isolate != "none":
+        lines.append(f"fla isolation: one subprocess per {state.isolate}")
+    return lines
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per visible GPU (None: xdist's default, one per CPU)."""
+    gpus = [g for g in os.environ.get(distribute.GPUS_ENV, "").split(",") if g]
+    return len(gpus) or None
+
+
+def pytest_generate_tests(metafunc):
+    if "cu_seqlens" in metafunc.fixturenames and not any(
+        "cu_seqlens" in getattr(m, "args", ("",))[0] for m in metafunc.definition.iter_markers("parametrize")
+    ):
+        parametrize_cu_seqlens(metafunc)
+
+
+def pytest_collect_file(file_path, parent):
+    # A reproducer named on the command line is offered to the python collector instead.
+    if repro.is_repro_file(file_path) and not parent.session.isinitpath(file_path):
+        return repro.ReproFile.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path, parent):
+    """A reproducer is never imported as a test module: it runs in a process of its own."""
+    if repro.is_repro_file(module_path):
+        return repro.ReproFile.from_parent(parent, path=module_path)
+    return None
+
+
+def _compile_arch(item) -> str | None:
+    marker = item.get_closest_marker("fla_compile")
+    return marker.args[0] if marker and marker.args else None
+
+
+def pytest_collection_modifyitems(config, items):
+    state = config.stash[RUN]
+    ops = config.option.fla_ops
+    wanted = {o.strip() for o in ops.split(",") if o.strip()} if ops else None
+    here = state.target.name if state.target else None
+    keep, drop = [], []
+    for item in items:
+        op, _ = run_report.op_and_check(item)
+        arch = _compile_arch(item)
+        if wanted is not None and op not in wanted:
+            drop.append(item)
+        elif arch is not None and not (arch == here and targets.COMPILES[state.target.mode]):
+            drop.append(item)  # a compile check runs in its own arch's process, nowhere else
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_runtest_setup(item):
+    target = item.config.stash[RUN].target
+    if target is None or target.mode != targets.COMPILE_ONLY:
+        return
+    if _compile_arch(item) is None and not isinstance(item, repro.ReproItem):
+        pytest.skip(f"runs kernels; {target.name} is compile-only here ({target.reason})")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    state = item.config.stash[RUN]
+    if state.role == "child" or (state.isolate == "none" and not state.tools) or isinstance(item, repro.ReproItem):
+        return None
+    if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
+        return None  # skipped at setup: nothing to isolate
+    from .isolation import replay, run_batch
+
+    if state.isolate == "module":
+        if item.nodeid not in state.batches:
+            batch = [i for i in item.session.items if i.path == item.path and i.nodeid not in state.batches]
+            state.batches.update(run_batch(item.config, batch))
+        outcome = state.batches.pop(item.nodeid)
+    else:
+        outcome = run_batch(item.config, [item])[item.nodeid]
+    failure, section = None, None
+    if state.tools and not outcome.died and _passed(outcome):
+        failure, section = _sanitize(item, state.tools)
+    replay(item, outcome, extra_failure=failure, section=section)
+    return True
+
+
+def _passed(outcome) -> bool:
+    return any(r["when"] == "call" and r["outcome"] == "passed" for r in outcome.reports)
+
+
+def _sanitize(item, tools):
+    """Re-run ``item`` under each tool (its kernels already compiled and cached by the
+    plain run); the first finding's text and the full reports as a section."""
+    from .isolation import run_batch
+
+    failures, texts = [], []
+    for tool in tools:
+        outcome = run_batch(item.config, [item], wrapper=sanitizer.command(tool), env=sanitizer.environment())[item.nodeid]
+        found = sanitizer.parse(tool, outcome.stdout)
+        texts.append(found.describe())
+        if outcome.died:
+            failures.append(f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}")
+        elif not found.clean:
+            failures.append(found.describe())
+        elif not _passed(outcome):
+            failures.append(f"under compute-sanitizer {tool} the test did not pass")
+    section = ("compute-sanitizer", "\n\n".join(texts))
+    return ("\n\n".join(failures) or None), section
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    result = yield
+    run_report.annotate(item, result)
+    return result
+
+
+class ReportCollector:
+    """Feeds every test report this process sees (its own, or its workers') to the report."""
+
+    def __init__(self, report: run_report.RunReport):
+        self.report = report
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report):
+        self.report.add(report)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    state = config.stash.get(RUN, None)
+    if state is None or state.report is None:
+        return
+    lines = state.report.lines()
+    if lines:
+        terminalreporter.write_sep("=", "fla: ops x checks per arch")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    state = config.stash.get(RUN, None)
+    path = config.option.fla_report
+    if state is not None and state.report is not None and path:
+        state.report.write_json(path)

@@ -1,4 +1,4 @@
-"""simple_gla, retention and linear_attn: chunked and fused-recurrent (the worked example).
+"""simple_gla, retention, linear_attn and gla's fused-recurrent op (the worked example).
 
 Each spec is the op's inputs (layouts and distributions), the cases the checks run over,
 and which inputs have gradients; everything else comes from the generic checks.
@@ -20,6 +20,7 @@ SIMPLE_GLA_ARGS = {
     "initial_state": STATE,
 }
 PLAIN_ARGS = {**QKV, "initial_state": STATE}
+GLA_ARGS = {**QKV, "g": Arg(("B", "T", "H", "K"), "log_gate"), "initial_state": STATE}
 
 # CPU sizes: T not a multiple of the chunk (64) and V not a power of two, so the masks on
 # every edge are exercised; GPU sizes are the realistic ones.
@@ -43,6 +44,14 @@ COMPILE = (
     Case("d256", {"B": 1, "T": 128, "H": 2, "K": 256, "V": 256}, options={"g": True, **WITH_STATE}),
 )
 PLAIN_COMPILE = tuple(Case(c.name, c.dims, options=WITH_STATE) for c in COMPILE)
+# The fused-recurrent kernel walks T one step at a time: under the interpreter that costs
+# ~1 s per 100 steps, so its CPU cases keep T short (still past one chunk of 64).
+GLA_SMALL = {"B": 2, "T": 70, "H": 2, "K": 16, "V": 24}
+GLA_CASES = (
+    Case("state", GLA_SMALL, options=WITH_STATE, gpu_dims=GPU),
+    Case("no_state", {**GLA_SMALL, "K": 8, "V": 8}, gpu_dims={**GPU, "K": 64, "V": 64}),
+    Case("strong_decay", GLA_SMALL, dist="strong_decay", options=WITH_STATE, gpu_dims={**GPU, "K": 256, "V": 256}),
+)
 
 SPECS = [
     linear_attention_spec(
@@ -62,5 +71,18 @@ SPECS = [
     linear_attention_spec(
         "fused_recurrent_retention", "retention", PLAIN_ARGS, PLAIN_CASES,
         grads=("q", "k", "v", "initial_state"), compile_cases=PLAIN_COMPILE,
+    ),
+    linear_attention_spec(
+        "chunk_linear_attn", "linear_attn", PLAIN_ARGS, PLAIN_CASES,
+        grads=("q", "k", "v", "initial_state"), chunk_size=64,
+        agrees_with="fused_recurrent_linear_attn", compile_cases=PLAIN_COMPILE,
+    ),
+    linear_attention_spec(
+        "fused_recurrent_linear_attn", "linear_attn", PLAIN_ARGS, PLAIN_CASES,
+        grads=("q", "k", "v", "initial_state"), compile_cases=PLAIN_COMPILE,
+    ),
+    linear_attention_spec(
+        "fused_recurrent_gla", "gla", GLA_ARGS, GLA_CASES,
+        grads=("q", "k", "v", "g", "initial_state"), compile_cases=COMPILE,
     ),
 ]

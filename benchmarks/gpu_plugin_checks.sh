@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The plugin's GPU checks, timed: the planted faults (memcheck, isolation, sm86 emulation),
+# the simple_gla checks emulated as sm80, and the simple_gla suite with and without
+# compute-sanitizer memcheck. Prints a table last and keeps it in benchmarks/.
+#
+#   bash benchmarks/gpu_plugin_checks.sh            # every step (about 15-25 minutes)
+#   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | emulated | plain | memcheck | repro
+#
+# Each step is one pytest run, so a device whose commands are capped at 10 minutes can
+# run the steps one call at a time; timings accumulate in benchmarks/gpu_plugin_checks.tsv.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TSV=benchmarks/gpu_plugin_checks.tsv
+OPS=chunk_simple_gla,fused_recurrent_simple_gla
+WORKERS=${FLA_SANITIZER_WORKERS:-8}
+"$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || echo "note: editable install failed; the pytest11 entry point must already be registered"
+[ -f "$TSV" ] || printf 'step\tcommand\tseconds\texit\tsummary\n' > "$TSV"
+
+step() {  # name, then the pytest arguments
+  local name=$1; shift
+  local log=benchmarks/gpu_plugin_checks.$name.log start end rc
+  echo "== $name: pytest $*"
+  start=$(date +%s.%N)
+  "$PY" -m pytest -p no:cacheprovider -q "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  tail -n 25 "$log"
+  printf '%s\tpytest %s\t%.1f\t%s\t%s\n' "$name" "$*" "$(awk "BEGIN{print $end - $start}")" "$rc" \
+    "$(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed|skipped).* in ' "$log" | tail -n 1)" >> "$TSV"
+}
+
+want() { [ "${1}" = all ] || [ "${1}" = "$2" ]; }
+WHAT=${1:-all}
+# Warm the per-target Triton caches first, so 'plain' and 'memcheck' time the checks, not compilation.
+want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py --fla-ops=$OPS -x >/dev/null 2>&1
+want "$WHAT" faults && step faults tests/plugin -v -rs
+want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 --fla-ops=$OPS
+want "$WHAT" plain && step plain tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS"
+want "$WHAT" memcheck && step memcheck tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck -n "$WORKERS"
+want "$WHAT" repro && step repro tests/repro --fla-sanitizer=memcheck -v
+
+echo
+echo "GPU: $(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -n 1)"
+column -t -s $'\t' "$TSV"

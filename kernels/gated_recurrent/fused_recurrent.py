@@ -1,0 +1,388 @@
+"""Fused-recurrent kernels for the gated linear recurrences, forward and backward.
+
+One kernel pair serves linear_attn, simple_gla, retention and gla (OPS.md):
+
+    S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T,     o_t = S_t^T (scale q_t)
+
+with the gate ``a_t`` chosen by constexpr switches: none; a scalar log gate g ``[B, T, H]``;
+a constant one g_gamma ``[H]`` (added to g when both are given); a per-channel one gk
+``[B, T, H, K]``. The state tile ``[K, BV]`` lives in registers for one pass over T; its
+columns evolve independently, so V is split into blocks of BV across programs (the whole
+K is one block, K <= 256).
+
+Backward (one program per (sequence, head, V block)), two passes over T:
+
+1. forward in time, recomputing ``S_t`` from the initial state exactly as the forward
+   did (only multiplications by ``e^{a} <= 1`` and additions): ``dq_t = scale S_t do_t``;
+   with a gate gradient to compute it also keeps ``S`` at the start of every segment of
+   SEG = 16 steps (a float32 checkpoint);
+2. backward in time with ``dS_t = scale q_t do_t^T + diag(e^{a_{t+1}}) dS_{t+1}``
+   (``dS_T`` = the final state's gradient): ``dk_t = dS_t v_t``, ``dv_t = dS_t^T k_t``;
+   what is left, ``diag(e^{a_1}) dS_1``, is the initial state's gradient.
+
+The state is never reconstructed backwards (``S_{t-1} = e^{-a_t}(S_t - k_t v_t^T)``
+divides by ``e^{a_t}``, which underflows to 0 under strong decay and turns into inf/NaN),
+so both passes are as well conditioned as the forward.
+
+Gate gradient, exact per step: ``dg_t = e^{a_t} (.) rowsum(S_{t-1} (.) dS_t)`` (per row k;
+summed over k for a scalar gate). The identity ``dg = reverse-cumsum(q . dq - k . dk)``
+needs no state but, under strong decay, sums O(1) terms whose true total is ~e^{a}: in
+fp32 it leaves errors of 1e-3..1e-1 relative on dg. Pass 2 has ``dS_t`` but not
+``S_{t-1}``. Split it at the segment's checkpoint ``S_c`` (the state before the segment's
+first token c0), with ``B^c_t = sum_{c0 <= r <= t} a_r``:
+
+    e^{a_t} S_{t-1} = e^{B^c_t} S_c + sum_{c0 <= s < t} e^{B^c_t - B^c_s} k_s v_s^T
+    dg_t = e^{B^c_t} rowsum(S_c (.) dS_t) + sum_{c0 <= s < t} k_s (.) Y_t[:, s],
+    Y_t[:, s] = e^{B^c_t - B^c_s} (.) (dS_t v_s)
+
+and ``Y`` follows ``dS`` backwards without any division:
+``Y_t[:, s] = Y_{t+1}[:, s] + scale q_t (do_t . v_s) (.) e^{B^c_t - B^c_s}``, started at
+the segment's end from one ``tl.dot`` of the carried ``dS`` with the segment's values.
+Every exponent is ``<= 0``; for fp32 inputs the segment's cumulative gates are float64
+so that their differences keep full precision under strong decay.
+
+dq, dk and dg get one partial sum per V block (each block sees part of the state); a
+reduction kernel adds them up and casts them.
+
+Launches: forward 1; backward 2. Grid axis 0 carries ``N * H * NV``; nothing large goes
+on axes 1 and 2.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._utils import block_size, cdiv, empty
+from .indexing import first_state_slot, sequence_span, state_slots
+from .inputs import check_gated_inputs, retention_gamma
+
+
+@triton.jit
+def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's (sequence, head, V block): the head, the sequence's span, the state
+    tile's column indices and masks, and the tile's offsets in a [N, H, K, V] state."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_nh = pid // NV
+    i_v = pid % NV
+    i_h = i_nh % H
+    bos, T_seq = sequence_span(cu_seqlens, i_nh // H, T, IS_VARLEN)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    tile = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
+    return i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile
+
+
+@triton.jit
+def _step_decay(g, g_gamma, gk, row, i_h, o_k, m_k, K: tl.constexpr, USE_G: tl.constexpr,
+                USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, valid=True):
+    """``e^{a_t}`` for the step at (token, head) ``row``, as a [BK] vector (rows of the state);
+    1 for a padding step (``valid`` false)."""
+    a = tl.zeros(o_k.shape, dtype=tl.float32)
+    if USE_G:
+        a += tl.load(g + row, mask=valid, other=0.0).to(tl.float32)
+    if USE_G_GAMMA:
+        a += tl.where(valid, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
+    if USE_GK:
+        a += tl.load(gk + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    return tl.exp(a)
+
+
+@triton.jit
+def _advance_state(S, k, v, g, g_gamma, gk, row, i_h, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
+                   USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr):
+    """``S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T`` for the step at (token, head) ``row``."""
+    bk = tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    bv = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+    if USE_G or USE_G_GAMMA or USE_GK:
+        S *= _step_decay(g, g_gamma, gk, row, i_h, o_k, m_k, K, USE_G, USE_G_GAMMA, USE_GK)[:, None]
+    return S + bk[:, None] * bv[None, :]
+
+
+@triton.jit
+def fused_recurrent_fwd_kernel(
+    q, k, v, g, g_gamma, gk, o, h0, ht, cu_seqlens, scale, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN)
+    m_kv = m_k[:, None] & m_v[None, :]
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + tile, mask=m_kv, other=0.0)
+    row = bos * H + i_h  # (token, head) row of the current step
+    for _ in range(T_seq):
+        S = _advance_state(S, k, v, g, g_gamma, gk, row, i_h, o_k, o_v, m_k, m_v, K, V, USE_G, USE_G_GAMMA, USE_GK)
+        bq = tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        tl.store(o + row * V + o_v, (tl.sum(S * bq[:, None], 0) * scale).to(o.dtype.element_ty), mask=m_v)
+        row += H
+    if STORE_HT:
+        tl.store(ht + tile, S, mask=m_kv)
+
+
+@triton.jit
+def _segment_gates(g, g_gamma, gk, rows, m_s, i_h, o_k, m_k, K: tl.constexpr, USE_G: tl.constexpr,
+                   USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, GATE_DTYPE: tl.constexpr):
+    """Cumulative log gates ``B^c`` of one segment: [BK, SEG] per channel, else [1, SEG]."""
+    if USE_GK:
+        a = tl.load(gk + rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_s[None, :], other=0.0).to(GATE_DTYPE)
+    else:
+        a = tl.zeros(rows.shape, dtype=GATE_DTYPE)
+        if USE_G:
+            a += tl.load(g + rows, mask=m_s, other=0.0).to(GATE_DTYPE)
+        if USE_G_GAMMA:
+            a += tl.where(m_s, tl.load(g_gamma + i_h).to(GATE_DTYPE), 0.0)
+        a = a[None, :]
+    return tl.cumsum(a, 1)
+
+
+@triton.jit
+def fused_recurrent_bwd_kernel(
+    q, k, v, g, g_gamma, gk, do, dq_part, dk_part, dg_part, dv, h0, dht, dh0, checkpoints, cu_seqlens,
+    scale, T, n_rows,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
+    USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, GATE_GRAD: tl.constexpr,
+    GATE_F64: tl.constexpr, USE_H0: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Both backward passes for one (sequence, head, V block); see the module docstring.
+
+    ``dq_part``/``dk_part`` are float32 ``[NV, B*T, H, K]`` (``n_rows = B*T``) and
+    ``dg_part`` float32 ``[NV, B*T, H(, K)]``: this block's share of dq, dk and dg.
+    ``checkpoints`` holds the state before each segment, in ``state_slots`` rows.
+    """
+    GATED: tl.constexpr = USE_G or USE_G_GAMMA or USE_GK
+    GATE_DTYPE: tl.constexpr = tl.float64 if GATE_F64 else tl.float32
+    i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN)
+    m_kv = m_k[:, None] & m_v[None, :]
+    slab = i_v * n_rows * H * K
+    i_n = (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H
+    seg_tile = i_h * K * V + o_k[:, None] * V + o_v[None, :]
+    slot0 = first_state_slot(bos, i_n, T, SEG, IS_VARLEN)
+
+    # pass 1: forward in time, dq_t = scale S_t do_t (and the segment checkpoints)
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + tile, mask=m_kv, other=0.0)
+    row = bos * H + i_h  # (token, head) row of the current step
+    for t in range(T_seq):
+        if GATE_GRAD:
+            if t % SEG == 0:
+                tl.store(checkpoints + (slot0 + t // SEG) * H * K * V + seg_tile, S, mask=m_kv)
+        S = _advance_state(S, k, v, g, g_gamma, gk, row, i_h, o_k, o_v, m_k, m_v, K, V, USE_G, USE_G_GAMMA, USE_GK)
+        bdo = tl.load(do + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        tl.store(dq_part + slab + row * K + o_k, tl.sum(S * bdo[None, :], 1) * scale, mask=m_k)
+        row += H
+
+    # pass 2: backward in time, one segment of SEG steps at a time
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        dS += tl.load(dht + tile, mask=m_kv, other=0.0)
+    o_s = tl.arange(0, SEG)
+    NS = tl.cdiv(T_seq, SEG)
+    for i_s in range(NS):
+        seg = NS - 1 - i_s
+        m_s = seg * SEG + o_s < T_seq
+        rows = (bos + seg * SEG + o_s) * H + i_h
+        if GATE_GRAD:
+            S_c = tl.load(checkpoints + (slot0 + seg) * H * K * V + seg_tile, mask=m_kv, other=0.0)
+            kT_seg = tl.load(k + rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_s[None, :], other=0.0).to(tl.float32)
+            v_seg = tl.load(v + rows[:, None] * V + o_v[None, :], mask=m_s[:, None] & m_v[None, :], other=0.0).to(tl.float32)
+            B_c = _segment_gates(g, g_gamma, gk, rows, m_s, i_h, o_k, m_k, K, USE_G, USE_G_GAMMA, USE_GK, GATE_DTYPE)
+            # Y[:, s] = e^{B_end - B_s} (dS' v_s): padded steps past the end have zero gates,
+            # so B at the segment's last slot is B at its last real token
+            B_end = tl.sum(tl.where(o_s[None, :] == SEG - 1, B_c, 0.0), 1)
+            Y = tl.dot(dS, tl.trans(v_seg), input_precision=PRECISION)
+            Y *= tl.exp((B_end[:, None] - B_c).to(tl.float32))
+        for jj in range(SEG):
+            j = SEG - 1 - jj
+            valid = seg * SEG + j < T_seq
+            row = (bos + seg * SEG + j) * H + i_h
+            m_kt = m_k & valid
+            m_vt = m_v & valid
+            bq = tl.load(q + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
+            bk = tl.load(k + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
+            bv = tl.load(v + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
+            bdo = tl.load(do + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
+            dS += (bq * scale)[:, None] * bdo[None, :]
+            tl.store(dk_part + slab + row * K + o_k, tl.sum(dS * bv[None, :], 1), mask=m_kt)
+            tl.store(dv + row * V + o_v, tl.sum(dS * bk[:, None], 0).to(dv.dtype.element_ty), mask=m_vt)
+            if GATE_GRAD:
+                before = o_s[None, :] < j
+                B_t = tl.sum(tl.where(o_s[None, :] == j, B_c, 0.0), 1)  # [BK] or [1]
+                decay = tl.exp(tl.where(before, (B_t[:, None] - B_c).to(tl.float32), float("-inf")))
+                Y += (bq * scale)[:, None] * tl.sum(v_seg * bdo[None, :], 1)[None, :] * decay
+                dg_t = tl.exp(B_t.to(tl.float32)) * tl.sum(S_c * dS, 1) + tl.sum(tl.where(before, kT_seg * Y, 0.0), 1)
+                if USE_GK:
+                    tl.store(dg_part + slab + row * K + o_k, dg_t, mask=m_kt)
+                else:
+                    tl.store(dg_part + i_v * n_rows * H + row, tl.sum(dg_t, 0), mask=valid)
+            if GATED:
+                dS *= _step_decay(g, g_gamma, gk, row, i_h, o_k, m_kt, K, USE_G, USE_G_GAMMA, USE_GK, valid)[:, None]
+    if STORE_DH0:
+        tl.store(dh0 + tile, dS, mask=m_kv)
+
+
+@triton.jit
+def fused_recurrent_reduce_kernel(
+    dq_part, dk_part, dg_part, dq, dk, dg, n_rows, NV,
+    K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+    GATE_GRAD: tl.constexpr, PER_CHANNEL: tl.constexpr,
+):
+    """dq, dk (and dg) = sums of the V-block partials, cast to the inputs' dtypes.
+    ``n_rows`` counts (token, head) rows."""
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_k = tl.arange(0, BK)
+    m_r = o_r < n_rows
+    m = m_r[:, None] & (o_k < K)[None, :]
+    offs = o_r[:, None] * K + o_k[None, :]
+    bdq = tl.zeros([BR, BK], dtype=tl.float32)
+    bdk = tl.zeros([BR, BK], dtype=tl.float32)
+    bdg = tl.zeros([BR, BK], dtype=tl.float32)
+    bdg_row = tl.zeros([BR], dtype=tl.float32)
+    for i_v in range(NV):
+        slab = i_v * n_rows * K
+        bdq += tl.load(dq_part + slab + offs, mask=m, other=0.0)
+        bdk += tl.load(dk_part + slab + offs, mask=m, other=0.0)
+        if GATE_GRAD:
+            if PER_CHANNEL:
+                bdg += tl.load(dg_part + slab + offs, mask=m, other=0.0)
+            else:
+                bdg_row += tl.load(dg_part + i_v * n_rows + o_r, mask=m_r, other=0.0)
+    tl.store(dq + offs, bdq.to(dq.dtype.element_ty), mask=m)
+    tl.store(dk + offs, bdk.to(dk.dtype.element_ty), mask=m)
+    if GATE_GRAD:
+        if PER_CHANNEL:
+            tl.store(dg + offs, bdg.to(dg.dtype.element_ty), mask=m)
+        else:
+            tl.store(dg + o_r, bdg_row.to(dg.dtype.element_ty), mask=m_r)
+
+
+# Steps per segment of the gate-gradient split (module docstring): a tl.dot dim (>= 16);
+# the float32 checkpoints take N * ceil(T / SEGMENT) * H * K * V * 4 bytes.
+SEGMENT = 16
+
+
+def _configs(K: int, V: int, backward: bool) -> dict:
+    """Block sizes: the state tile [BK, BV] in fp32 registers, ~64 registers a thread at
+    4 warps in the forward. The backward holds the state, its gradient and the segment's
+    [BK, SEG] tiles at once, so it takes half as wide a V block, and 8 warps for large
+    tiles. No shared memory beyond Triton's reductions and the one small dot, on every arch."""
+    BK = block_size(K)
+    BV = max(16, min(block_size(V), (4096 if backward else 8192) // BK))
+    return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= (2048 if backward else 8192) else 8)
+
+
+class FusedRecurrentFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens, N):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        cfg = _configs(K, V, backward=False)
+        NV = cdiv(V, cfg["BV"])
+        o = empty(v.shape, v.dtype, v.device)
+        final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
+        fused_recurrent_fwd_kernel[(N * H * NV,)](
+            q, k, v, g, g_gamma, gk, o, initial_state, final_state, cu_seqlens, scale, T,
+            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
+            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None,
+            USE_H0=initial_state is not None, STORE_HT=final_state is not None, IS_VARLEN=cu_seqlens is not None,
+            num_warps=cfg["num_warps"],
+        )
+        ctx.save_for_backward(q, k, v, g, g_gamma, gk, initial_state, cu_seqlens)
+        ctx.scale, ctx.N = scale, N
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, g_gamma, gk, initial_state, cu_seqlens = ctx.saved_tensors
+        scale, N = ctx.scale, ctx.N
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        cfg = _configs(K, V, backward=True)
+        NV = cdiv(V, cfg["BV"])
+        do = do.contiguous()
+        if dht is not None:
+            dht = dht.contiguous()
+        gate = gk if gk is not None else g
+        need_dgate = gate is not None and ctx.needs_input_grad[5 if gk is not None else 3]
+        dq_part = empty((NV, B * T, H, K), torch.float32, q.device)
+        dk_part = empty((NV, B * T, H, K), torch.float32, q.device)
+        dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
+        slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
+        checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
+        dv = empty(v.shape, v.dtype, v.device)
+        need_dh0 = initial_state is not None and ctx.needs_input_grad[7]
+        dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
+        fused_recurrent_bwd_kernel[(N * H * NV,)](
+            q, k, v, g, g_gamma, gk, do, dq_part, dk_part, dg_part, dv, initial_state, dht, dh0, checkpoints,
+            cu_seqlens, scale, T, B * T,
+            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
+            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, GATE_GRAD=need_dgate,
+            GATE_F64=q.dtype == torch.float32, USE_H0=initial_state is not None, USE_DHT=dht is not None,
+            STORE_DH0=need_dh0, IS_VARLEN=cu_seqlens is not None,
+            PRECISION="tf32x3", num_warps=cfg["num_warps"],
+        )
+
+        dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
+        dgate = empty(gate.shape, gate.dtype, gate.device) if need_dgate else None
+        n_rows = B * T * H
+        BR = max(16, 4096 // cfg["BK"])
+        if n_rows > 0:
+            fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
+                dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
+                K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
+            )
+        dg = dgate if gk is None else None
+        dgk = dgate if gk is not None else None
+        return dq, dk, dv, dg, None, dgk, None, dh0, None, None, None
+
+
+def _fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens,
+                     cu_seqlens_cpu):
+    shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, scale=scale,
+                                initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    q, k, v, g, g_gamma, gk, initial_state = (
+        None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, gk, initial_state)
+    )
+    return FusedRecurrentFunction.apply(q, k, v, g, g_gamma, gk, shapes.scale, initial_state,
+                                        bool(output_final_state), cu_seqlens, shapes.N)
+
+
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
+                               output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None):
+    """simple_gla, one pass over T: ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``; g ``[B, T, H]``
+    and/or g_gamma ``[H]`` (constant, no gradient), gate ``g + g_gamma``."""
+    return _fused_recurrent("fused_recurrent_simple_gla", q, k, v, g, g_gamma, None, scale, initial_state,
+                            output_final_state, cu_seqlens, cu_seqlens_cpu)
+
+
+def fused_recurrent_retention(q, k, v, scale=None, initial_state=None, output_final_state=False,
+                              cu_seqlens=None, cu_seqlens_cpu=None):
+    """Retention, one pass over T: simple_gla with ``g_gamma[h] = log(1 - 2^(-5-h))``."""
+    gamma = retention_gamma(q.shape[2], q.device) if isinstance(q, torch.Tensor) and q.dim() == 4 else None
+    return _fused_recurrent("fused_recurrent_retention", q, k, v, None, gamma, None, scale, initial_state,
+                            output_final_state, cu_seqlens, cu_seqlens_cpu)
+
+
+def fused_recurrent_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False,
+                                cu_seqlens=None, cu_seqlens_cpu=None):
+    """Linear attention, one pass over T: ``S_t = S_{t-1} + k_t v_t^T``."""
+    return _fused_recurrent("fused_recurrent_linear_attn", q, k, v, None, None, None, scale, initial_state,
+                            output_final_state, cu_seqlens, cu_seqlens_cpu)
+
+
+def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+                        cu_seqlens=None, cu_seqlens_cpu=None):
+    """GLA, one pass over T: ``S_t = diag(e^{g_t}) S_{t-1} + k_t v_t^T``, g ``[B, T, H, K]``."""
+    if g is None:
+        raise TypeError("fused_recurrent_gla: `g` must be a torch.Tensor [B, T, H, K], got None")
+    return _fused_recurrent("fused_recurrent_gla", q, k, v, None, None, g, scale, initial_state,
+                            output_final_state, cu_seqlens, cu_seqlens_cpu)

@@ -1,0 +1,1 @@
+"""simple_gla, retention and linear attention, chunked (BT = 64)."""

@@ -1,0 +1,221 @@
+"""Launch capture and offline compilation: the compile-only checks.
+
+Inside ``capture_launches(arch)`` every ``kernel[grid](...)`` is recorded instead of
+run: the kernel, its specialised signature, constexprs, compile options and grid,
+bound exactly as Triton would bind them for ``arch``. An autotuned kernel records one
+launch per config (heuristics pass through), so every config a card could pick is
+checked. ``kernels._arch.CAPTURING_LAUNCHES`` is set meanwhile, so op wrappers accept
+CPU tensors. ``check_launches`` then compiles each distinct launch for the target with
+``triton.compile(..., target=GPUTarget("cuda", arch, 32))`` and checks what a real card
+checks at load and launch: shared memory within the arch's opt-in limit, threads per
+block, and the grid within CUDA's limits.
+
+Needs ``TRITON_INTERPRET`` unset in this process: the interpreter replaces
+``@triton.jit`` functions at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+
+from .targets import SHARED_MEMORY_LIMIT, arch_name
+
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_THREADS_PER_BLOCK = 1024
+
+
+@dataclass
+class Launch:
+    """One recorded ``kernel[grid](...)`` (one config of it, for an autotuned kernel)."""
+
+    kernel: object  # triton JITFunction
+    signature: dict
+    constexprs: dict
+    attrs: dict
+    options: object  # the backend's parsed options (num_warps, num_stages, ...)
+    grid: tuple
+    label: str = ""  # which case / direction launched it
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__
+
+    def config(self) -> str:
+        consts = ", ".join(
+            f"{self.kernel.arg_names[path[0]]}={value}"
+            for path, value in self.constexprs.items()
+            if len(path) == 1 and not isinstance(value, type(None))
+        )
+        return f"{consts}, num_warps={self.options.num_warps}, num_stages={self.options.num_stages}"
+
+    def key(self) -> tuple:
+        return (
+            id(self.kernel),
+            repr(sorted(self.signature.items())),
+            repr(sorted(self.constexprs.items())),
+            repr(sorted(self.attrs.items())),
+            repr(sorted(self.options.__dict__.items())),
+        )
+
+
+@dataclass
+class Problem:
+    launch: Launch
+    what: str
+
+    def __str__(self) -> str:
+        where = f" [{self.launch.label}]" if self.launch.label else ""
+        return f"{self.launch.name}({self.launch.config()}){where}: {self.what}"
+
+
+@dataclass
+class CompileResult:
+    arch: int
+    launches: list[Launch]
+    compiled: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    shared: dict = field(default_factory=dict)  # kernel name -> largest shared memory seen
+
+    def summary(self) -> str:
+        lines = [f"{arch_name(self.arch)}: {len(self.launches)} launches, {self.compiled} distinct kernels compiled"]
+        lines += [f"  {name}: up to {shared} bytes of shared memory" for name, shared in sorted(self.shared.items())]
+        return "\n".join(lines)
+
+
+def _target(arch: int):
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", arch, 32)
+
+
+class _Recorder:
+    def __init__(self, arch: int):
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        self.backend = CUDABackend(_target(arch))
+        self.launches: list[Launch] = []
+        self.label = ""
+        self._binders: dict = {}
+
+    def record(self, kernel, args, grid, kwargs) -> None:
+        from triton import knobs
+        from triton.runtime.jit import create_function_from_signature
+
+        kwargs = dict(kwargs)
+        kwargs["debug"] = kwargs.get("debug", kernel.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        binder = self._binders.get(id(kernel))
+        if binder is None:
+            binder = create_function_from_signature(kernel.signature, kernel.params, self.backend)
+            self._binders[id(kernel)] = binder
+        bound_args, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = kernel._pack_args(
+            self.backend, kwargs, bound_args, specialization, options
+        )
+        if callable(grid):
+            grid = grid(bound_args)
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.launches.append(Launch(kernel, signature, constexprs, attrs, options, grid, self.label))
+
+
+@contextlib.contextmanager
+def capture_launches(arch: int):
+    """Record kernel launches for ``arch`` instead of running them; yields the recorder.
+
+    Set ``recorder.label`` to tag the launches that follow (e.g. ``"bf16 K=128 bwd"``).
+    """
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    recorder = _Recorder(arch)
+
+    def record_launch(self, *args, grid, warmup, **kwargs):
+        recorder.record(self, args, grid, kwargs)
+
+    def record_every_config(self, *args, **kwargs):
+        # Each config as the autotuner would bench it; the last one stands for the pick.
+        for config in self.configs:
+            self.fn.run(*args, **kwargs, **config.all_kwargs())
+
+    arch_module = sys.modules.get("kernels._arch")
+    if arch_module is None:
+        try:
+            import kernels._arch as arch_module
+        except ImportError:
+            arch_module = None
+    saved = (JITFunction.run, Autotuner.run)
+    JITFunction.run, Autotuner.run = record_launch, record_every_config
+    if arch_module is not None:
+        arch_module.CAPTURING_LAUNCHES = True
+    try:
+        yield recorder
+    finally:
+        JITFunction.run, Autotuner.run = saved
+        if arch_module is not None:
+            arch_module.CAPTURING_LAUNCHES = False
+
+
+_compiled: dict = {}  # Launch.key() + arch -> compiled kernel or the exception it raised
+
+
+def compile_launch(launch: Launch, arch: int):
+    """Compile one launch for ``arch`` (cached per process, and on disk by Triton)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    key = launch.key() + (arch,)
+    if key not in _compiled:
+        source = ASTSource(launch.kernel, launch.signature, launch.constexprs, launch.attrs)
+        try:
+            _compiled[key] = triton.compile(source, target=_target(arch), options=launch.options.__dict__)
+        except Exception as error:  # noqa: BLE001 - reported as the check's finding
+            _compiled[key] = error
+    return _compiled[key]
+
+
+def check_launches(launches: list[Launch], arch: int) -> CompileResult:
+    """Compile every distinct launch for ``arch`` and check it against the arch's limits."""
+    limit = SHARED_MEMORY_LIMIT[arch]
+    result = CompileResult(arch, launches)
+    seen: set = set()
+    for launch in launches:
+        for axis, (size, cap) in enumerate(zip(launch.grid, MAX_GRID)):
+            if size > cap:
+                result.problems.append(Problem(launch, f"grid axis {axis} is {size}, over CUDA's limit of {cap}"))
+        key = launch.key()
+        if key in seen:
+            continue
+        seen.add(key)
+        compiled = compile_launch(launch, arch)
+        if isinstance(compiled, Exception):
+            first_line = (str(compiled).strip().splitlines() or [""])[0]
+            result.problems.append(Problem(launch, f"does not compile: {type(compiled).__name__}: {first_line}"))
+            continue
+        result.compiled += 1
+        shared = compiled.metadata.shared
+        result.shared[launch.name] = max(shared, result.shared.get(launch.name, 0))
+        if shared > limit:
+            result.problems.append(
+                Problem(launch, f"needs {shared} bytes of shared memory, over {arch_name(arch)}'s limit of {limit}")
+            )
+        threads = compiled.metadata.num_warps * 32
+        if threads > MAX_THREADS_PER_BLOCK:
+            result.problems.append(Problem(launch, f"{threads} threads per block, over {MAX_THREADS_PER_BLOCK}"))
+    return result
+
+
+class CompileCheckFailed(AssertionError):
+    pass
+
+
+def assert_compiles(launches: list[Launch], arch: int) -> CompileResult:
+    """``check_launches`` that fails with every problem listed; returns the result."""
+    if not launches:
+        raise CompileCheckFailed("no kernel launch was captured: nothing to compile")
+    result = check_launches(launches, arch)
+    if result.problems:
+        lines = "\n".join(f"  {p}" for p in result.problems)
+        raise CompileCheckFailed(f"{len(result.problems)} problem(s) for {arch_name(arch)}:\n{lines}")
+    return result

@@ -1,0 +1,67 @@
+"""The per-arch compile check over op specs: capture an op's launches, compile them offline.
+
+``test_compile[<op>-<fwd|bwd>-<arch>]`` runs the op on CPU tensors under launch capture
+for every compile case (realistic sizes) and dtype, forward or backward, with the
+target's configs (``FLA_TARGET_ARCH``), then compiles every distinct launch for the
+arch and checks it against the arch's limits (``pytest_fla.capture``).
+"""
+
+from __future__ import annotations
+
+from .capture import CompileResult, assert_compiles, capture_launches
+from .targets import ALL_ARCHS, arch_name, parse_arch
+
+DIRECTIONS = ("fwd", "bwd")
+COMPILE_DTYPES = ("bf16", "fp32")
+
+
+def compile_params(specs) -> list:
+    """pytest params ``(spec, direction, arch)``, marked with the op and the arch."""
+    import pytest
+
+    return [
+        pytest.param(
+            spec, direction, arch_name(arch),
+            id=f"{spec.name}-{direction}-{arch_name(arch)}",
+            marks=[pytest.mark.fla_op(spec.name), pytest.mark.fla_compile(arch_name(arch))],
+        )
+        for spec in specs
+        if spec.compile_cases
+        for direction in DIRECTIONS
+        if direction == "fwd" or spec.grads
+        for arch in ALL_ARCHS
+    ]
+
+
+def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
+    """The launches of ``spec``'s op (``fwd``, or the ``bwd`` launches alone) over its compile cases."""
+    import torch
+
+    from .checks import cotangents, differentiable
+
+    launches = []
+    with capture_launches(arch) as recorder:
+        for case in spec.compile_cases:
+            for dtype in dtypes:
+                recorder.label = f"{case.name} {dtype} {direction}"
+                sample = spec.sample(case, dtype, "cpu")
+                if direction == "fwd":
+                    with torch.no_grad():
+                        spec.call(sample)
+                    continue
+                kwargs = dict(sample.kwargs)
+                leaves = [kwargs[n].detach().requires_grad_(True) for n in differentiable(spec, sample)]
+                kwargs.update(zip(differentiable(spec, sample), leaves))
+                outputs = [o for o in spec.call(type(sample)(kwargs)) if o is not None and o.requires_grad]
+                start = len(recorder.launches)
+                torch.autograd.backward(outputs, cotangents(outputs, 0))
+                launches += recorder.launches[start:]
+                del recorder.launches[start:]
+    return launches if direction == "bwd" else recorder.launches
+
+
+def check_op_compiles(spec, direction: str, arch: str) -> CompileResult:
+    """The test body: capture, compile for ``arch``, fail with every problem found."""
+    cap = parse_arch(arch)
+    assert cap in ALL_ARCHS
+    return assert_compiles(capture_op(spec, cap, direction), cap)

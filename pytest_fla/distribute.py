@@ -1,0 +1,51 @@
+"""Spreading a run over processes with pytest-xdist.
+
+Several arch targets: one xdist worker per target (``--dist each``), each started
+with its target's environment, so every worker collects the same tests and runs
+them under its own target. One target and ``-n auto``: one worker per visible GPU,
+each pinned to its GPU through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from . import targets
+
+GPUS_ENV = "FLA_GPUS"
+
+
+def tx_spec(target: targets.Target, extra_env: dict[str, str]) -> str:
+    env = {**targets.target_environment(target), **extra_env}
+    for key, value in env.items():
+        if "//" in value:
+            raise pytest.UsageError(f"{key}={value!r}: a path with '//' cannot be passed to an xdist worker")
+    return "popen" + "".join(f"//env:{key}={value}" for key, value in env.items())
+
+
+def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        raise pytest.UsageError("--fla-arch with several targets runs one worker per target: install pytest-xdist")
+    if getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError("-n and several --fla-arch targets cannot be combined: each target gets one worker")
+    config.option.tx = [tx_spec(t, {}) for t in run_targets]
+    config.option.dist = "each"
+
+
+def visible_gpus(gpu: targets.Gpu) -> list[str]:
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()][: gpu.count]
+    return [str(i) for i in range(gpu.count)]
+
+
+def pin_worker_to_gpu() -> None:
+    """In an xdist worker: see only GPU ``worker index % GPU count`` (set by the controller)."""
+    gpus = [g for g in os.environ.get(GPUS_ENV, "").split(",") if g]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    target = targets.current_target()
+    if not gpus or not worker.startswith("gw") or (target and target.mode == targets.COMPILE_ONLY):
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]

@@ -1,0 +1,267 @@
+"""Running tests in child processes, so that a fault fails only the test that caused it.
+
+A device fault (illegal address, device-side assert) leaves the CUDA context unusable
+for every later test in the process, and a compiler assertion aborts the process. The
+parent runs a batch of tests (one test, or one module) in a child pytest, which
+streams each test's reports to a file as it goes. When the child dies, or stops
+after a device fault, the test it was running fails with the end of its stderr, and
+the rest of the batch goes on in a fresh child. The parent then replays the reports
+as if the tests had run in-process, so terminal output, ``--junitxml`` and xdist see
+ordinary reports.
+
+The child side is ``ChildReporter``, installed by the plugin under ``--fla-child``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from .report import annotate
+
+STDERR_TAIL_LINES = 40
+EXIT_DEVICE_FAULT = 86
+BEGIN_MARK = "=== fla: running "
+@dataclass
+class ItemOutcome:
+    """What a child run left for one test: its reports, and the child's output."""
+
+    reports: list = field(default_factory=list)  # serialized report dicts
+    died: str | None = None  # why the child died while running this test
+    stderr_tail: str = ""
+    stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
+
+
+def child_command(config, results_dir: Path, paths: list[str]) -> list[str]:
+    """A pytest command line for the child: the parent's plugins and ini options, no xdist."""
+    args = [sys.executable, "-m", "pytest", f"--fla-child={results_dir}", "-p", "no:xdist", "-p", "no:cacheprovider"]
+    args += ["--rootdir", str(config.rootpath), "--capture=tee-sys", "-q", "--no-header", "-o", "console_output_style=classic"]
+    if config.inipath:
+        args += ["-c", str(config.inipath)]
+    invocation = list(config.invocation_params.args)
+    for i, arg in enumerate(invocation):
+        # Options that change how a test runs, not which tests run or how the run reports.
+        if arg in ("-p", "-o", "-W") and i + 1 < len(invocation):
+            if not invocation[i + 1].startswith(("xdist", "no:xdist")):
+                args += [arg, invocation[i + 1]]
+        elif arg.startswith(("--tb", "--fla-blocking", "-W")) or (arg.startswith("-p") and len(arg) > 2):
+            args.append(arg)
+    return args + paths
+
+
+def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None = None) -> dict:
+    """Run ``items`` in child processes; returns nodeid -> ItemOutcome, in order.
+
+    ``wrapper`` prefixes the command (compute-sanitizer); ``env`` adds variables.
+    """
+    outcomes = {item.nodeid: ItemOutcome() for item in items}
+    remaining = [item.nodeid for item in items]
+    by_id = {item.nodeid: item for item in items}
+    child_env = dict(os.environ, **(env or {}))
+    while remaining:
+        with tempfile.TemporaryDirectory(prefix="fla-child-") as tmp:
+            results_dir = Path(tmp)
+            (results_dir / "items.txt").write_text("\n".join(remaining) + "\n")
+            paths = sorted({str(by_id[n].path) for n in remaining})
+            command = (wrapper or []) + child_command(config, results_dir, paths)
+            with open(results_dir / "stdout", "w+b") as out, open(results_dir / "stderr", "w+b") as err:
+                code = subprocess.call(command, stdout=out, stderr=err, env=child_env, cwd=config.invocation_params.dir)
+                out.seek(0)
+                err.seek(0)
+                stdout = out.read().decode(errors="replace")
+                stderr = err.read().decode(errors="replace")
+            events = _read_events(results_dir / "results.jsonl")
+        began = [e["begin"] for e in events if "begin" in e]
+        finished = set()
+        for event in events:
+            if "report" in event:
+                outcomes[event["nodeid"]].reports.append(event["report"])
+                if event["report"]["when"] == "teardown":
+                    finished.add(event["nodeid"])
+        for nodeid in remaining:
+            outcomes[nodeid].stdout = stdout
+        unfinished = [n for n in remaining if n not in finished]
+        if not unfinished:
+            break
+        culprit = next((n for n in began if n not in finished), None)
+        if culprit is None:
+            if code == EXIT_DEVICE_FAULT and began:
+                remaining = unfinished
+                continue
+            # The child died before starting any test left: every one of them fails with it.
+            for nodeid in unfinished:
+                outcomes[nodeid].died = _exit_reason(code) + " before the test started"
+                outcomes[nodeid].stderr_tail = _tail(stdout + stderr)
+            break
+        outcomes[culprit].died = _exit_reason(code)
+        outcomes[culprit].stderr_tail = _tail(_since_mark(stderr, culprit))
+        remaining = unfinished[unfinished.index(culprit) + 1 :]
+    return outcomes
+
+
+def _read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:  # the last line of a child killed mid-write
+            break
+    return events
+
+
+def _exit_reason(code: int) -> str:
+    if code < 0:
+        try:
+            return f"the test process was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"the test process was killed by signal {-code}"
+    if code == EXIT_DEVICE_FAULT:
+        return "the test process stopped after a device fault"
+    return f"the test process exited with code {code}"
+
+
+def _since_mark(stderr: str, nodeid: str) -> str:
+    mark = BEGIN_MARK + nodeid
+    index = stderr.rfind(mark)
+    return stderr[index + len(mark) :] if index >= 0 else stderr
+
+
+def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section: tuple | None = None) -> None:
+    """Log ``outcome``'s reports for ``item`` in this process, as if it had run here.
+
+    A test whose child died gets a failed call report with the end of its stderr;
+    ``extra_failure`` (a sanitizer finding) turns a passing call into a failure.
+    """
+    from _pytest.reports import TestReport
+
+    config = item.config
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    reports = [config.hook.pytest_report_from_serializable(config=config, data=data) for data in outcome.reports]
+    whens = {r.when for r in reports}
+    if outcome.died:
+        text = f"{outcome.died} while running this test.\nLast lines of its stderr:\n{outcome.stderr_tail}"
+        if "setup" not in whens:
+            reports.append(_synthetic(TestReport, item, "setup", "passed", None))
+        reports = [r for r in reports if r.when == "setup"]
+        reports.append(_synthetic(TestReport, item, "call", "failed", text))
+        reports.append(_synthetic(TestReport, item, "teardown", "passed", None))
+    elif extra_failure:
+        for i, report in enumerate(reports):
+            if report.when == "call" and report.outcome == "passed":
+                failed = _synthetic(TestReport, item, "call", "failed", extra_failure)
+                failed.duration = report.duration
+                failed.sections = list(report.sections)
+                reports[i] = failed
+    if section:
+        for report in reports:
+            if report.when == "call":
+                report.sections.append(section)
+    for report in reports:
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def _synthetic(report_class, item, when: str, outcome: str, longrepr):
+    report = report_class(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={name: 1 for name in item.keywords},
+        outcome=outcome,
+        longrepr=longrepr,
+        when=when,
+        sections=[],
+        duration=0.0,
+        start=time.time(),
+        stop=time.time(),
+        user_properties=list(item.user_properties),
+    )
+    annotate(item, report)
+    return report
+
+
+class ChildReporter:
+    """The child's side: run only the listed tests, stream their reports, stop after a fault."""
+
+    def __init__(self, config, results_dir: str):
+        self.config = config
+        self.results_dir = Path(results_dir)
+        self.wanted = (self.results_dir / "items.txt").read_text().split()
+        self.out = open(self.results_dir / "results.jsonl", "a", buffering=1)
+        self.faulted: set[str] = set()
+
+    def _write(self, event: dict) -> None:
+        self.out.write(json.dumps(event) + "\n")
+        self.out.flush()
+
+    def pytest_collection_modifyitems(self, config, items):
+        order = {nodeid: i for i, nodeid in enumerate(self.wanted)}
+        kept = sorted((item for item in items if item.nodeid in order), key=lambda item: order[item.nodeid])
+        dropped = [item for item in items if item.nodeid not in order]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        self._write({"begin": nodeid})
+        # Into the raw stderr too, so that a crash's stderr can be cut at this test.
+        os.write(2, f"\n{BEGIN_MARK}{nodeid}\n".encode())
+        sys.stdout.flush()
+        os.write(1, f"\n{BEGIN_MARK}{nodeid}\n".encode())
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        # A device fault is sticky: the synchronize after the test fails if anything in it
+        # faulted, whether or not the test itself noticed.
+        try:
+            result = yield
+        except BaseException:
+            if device_fault():
+                self.faulted.add(item.nodeid)
+            raise
+        fault = device_fault()
+        if fault:
+            self.faulted.add(item.nodeid)
+            raise DeviceFault(f"the device faulted during this test (found at the synchronize after it): {fault}")
+        return result
+
+    def pytest_runtest_logreport(self, report):
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self._write({"nodeid": report.nodeid, "report": data})
+        if report.when == "teardown" and report.nodeid in self.faulted:
+            # The context is gone: every later test here would fail for no fault of its own.
+            self.out.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_DEVICE_FAULT)
+
+
+class DeviceFault(RuntimeError):
+    pass
+
+
+def device_fault() -> str | None:
+    """Synchronize the device, if this process used it; the error text if it faulted."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as error:  # noqa: BLE001 - any CUDA error here means a lost context
+        return str(error).strip().splitlines()[0]
+    return None

@@ -1,0 +1,147 @@
+"""The end-of-run report: ops x checks per arch, the modes used, the slowest checks.
+
+Each test report is tagged, in the process that ran the test, with its op (the
+``fla_op`` marker), its check (the test function's name less ``test_``), and the arch
+target and mode of that process (``user_properties``, which travel through xdist and
+child processes). The process that sees every report (the xdist controller, or the
+only process) folds them into a matrix, prints it, and writes it as JSON with
+``--fla-report``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from . import targets
+
+PROPERTY_PREFIX = "fla_"
+SLOWEST = 5
+
+
+def op_and_check(item) -> tuple[str | None, str]:
+    marker = item.get_closest_marker("fla_op")
+    op = marker.args[0] if marker and marker.args else None
+    check = getattr(item, "fla_check", None) or getattr(item, "originalname", None) or item.name
+    return op, check.removeprefix("test_")
+
+
+def annotate(item, report) -> None:
+    """Tag ``report`` with the op, check, arch and mode (once per report)."""
+    if any(name == "fla_arch" for name, _ in report.user_properties):
+        return
+    op, check = op_and_check(item)
+    target = targets.current_target()
+    report.user_properties.extend(
+        [
+            ("fla_op", op),
+            ("fla_check", check),
+            ("fla_arch", target.name if target else "unknown"),
+            ("fla_mode", target.mode if target else "unknown"),
+        ]
+    )
+
+
+@dataclass
+class TestRecord:
+    nodeid: str
+    op: str | None
+    check: str
+    arch: str
+    mode: str
+    outcome: str = "passed"
+    duration: float = 0.0
+
+
+@dataclass
+class RunReport:
+    targets: list
+    records: dict = field(default_factory=dict)  # (nodeid, arch) -> TestRecord
+
+    def add(self, report) -> None:
+        props = dict(report.user_properties)
+        if "fla_arch" not in props:
+            return
+        key = (report.nodeid, props["fla_arch"])
+        record = self.records.get(key)
+        if record is None:
+            record = TestRecord(report.nodeid, props["fla_op"], props["fla_check"], props["fla_arch"], props["fla_mode"])
+            self.records[key] = record
+        record.duration += report.duration
+        if report.failed:
+            record.outcome = "failed"
+        elif report.skipped and record.outcome != "failed":
+            record.outcome = "skipped"
+
+    def matrix(self) -> dict:
+        """arch -> op -> check -> {"passed": n, "failed": n, "skipped": n}."""
+        table: dict = {}
+        for record in self.records.values():
+            if record.op is None:
+                continue
+            cell = table.setdefault(record.arch, {}).setdefault(record.op, {}).setdefault(
+                record.check, {"passed": 0, "failed": 0, "skipped": 0}
+            )
+            cell[record.outcome] += 1
+        return table
+
+    def to_json(self) -> dict:
+        return {
+            "archs": [
+                {"name": t.name, "arch": t.arch, "mode": t.mode, "reason": t.reason} for t in self.targets
+            ],
+            "tests": [
+                {
+                    "nodeid": r.nodeid,
+                    "op": r.op,
+                    "check": r.check,
+                    "arch": r.arch,
+                    "mode": r.mode,
+                    "outcome": r.outcome,
+                    "duration": round(r.duration, 4),
+                }
+                for r in self.records.values()
+            ],
+            "matrix": self.matrix(),
+        }
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.write("\n")
+
+    def lines(self) -> list[str]:
+        """The terminal summary: one ops x checks table per arch, then the slowest checks."""
+        out = []
+        modes = {t.name: t for t in self.targets}
+        matrix = self.matrix()
+        order = [t.name for t in self.targets if t.name in matrix] + [a for a in matrix if a not in modes]
+        for arch in order:
+            ops = matrix[arch]
+            target = modes.get(arch)
+            out.append(f"{arch} ({target.mode if target else 'unknown'}):")
+            checks = sorted({check for cells in ops.values() for check in cells})
+            rows = [["op"] + checks]
+            for op in sorted(ops):
+                rows.append([op] + [cell_text(ops[op].get(check)) for check in checks])
+            widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+            for row in rows:
+                out.append("  " + "  ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip())
+        timed = sorted(self.records.values(), key=lambda r: r.duration, reverse=True)[:SLOWEST]
+        if timed:
+            out.append("slowest checks:")
+            out += [f"  {r.duration:8.2f}s  {r.arch:<11} {r.nodeid}" for r in timed]
+        return out
+
+
+def cell_text(cell: dict | None) -> str:
+    """``pass 4``, ``FAIL 1/5``, ``skip 3``, or ``-`` for no test."""
+    if not cell:
+        return "-"
+    total = sum(cell.values())
+    if cell["failed"]:
+        return f"FAIL {cell['failed']}/{total}"
+    if cell["passed"]:
+        skipped = f" +{cell['skipped']} skip" if cell["skipped"] else ""
+        return f"pass {cell['passed']}{skipped}"
+    return f"skip {cell['skipped']}"

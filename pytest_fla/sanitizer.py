@@ -1,0 +1,129 @@
+"""compute-sanitizer runs: the command, the environment, and reading its reports.
+
+PyTorch's caching allocator hands out slices of larger blocks, so a read just past
+the end of a tensor usually lands inside memory the process owns and memcheck sees
+nothing: ``PYTORCH_NO_CUDA_MEMORY_CACHING=1`` gives each tensor its own allocation,
+whose edge memcheck can see. Launches are made blocking so a report arrives while its
+test is still running.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+PREFIX = "========= "
+SUMMARY_RE = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+LOCATION_RE = re.compile(r"at (?P<kernel>\S+?)(?:\+0x[0-9a-f]+)? in (?P<file>[^\s:]+):(?P<line>\d+)")
+
+
+def parse_tools(text: str) -> list[str]:
+    tools = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in tools if t not in TOOLS]
+    if unknown or not tools:
+        raise ValueError(f"--fla-sanitizer: unknown tool(s) {unknown}; choose from {', '.join(TOOLS)}")
+    return tools
+
+
+def executable() -> str | None:
+    return shutil.which("compute-sanitizer")
+
+
+def command(tool: str) -> list[str]:
+    return [
+        executable() or "compute-sanitizer",
+        "--tool",
+        tool,
+        "--print-limit",
+        "20",
+        "--error-exitcode",
+        "0",  # the report is read from the output; the test's own exit status stays its own
+        "--show-backtrace",
+        "device",
+    ]
+
+
+def environment(caching_allocator: bool = False) -> dict[str, str]:
+    env = {"CUDA_LAUNCH_BLOCKING": "1"}
+    if not caching_allocator:
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    return env
+
+
+@dataclass
+class Finding:
+    """One sanitizer report: what went wrong, in which kernel, at which source line."""
+
+    lines: list[str]
+
+    @property
+    def access(self) -> str:
+        return self.lines[0]
+
+    @property
+    def location(self) -> re.Match | None:
+        for line in self.lines:
+            match = LOCATION_RE.search(line)
+            if match:
+                return match
+        return None
+
+    def describe(self) -> str:
+        text = "\n".join("  " + line for line in self.lines)
+        location = self.location
+        if location:
+            source = source_line(location["file"], int(location["line"]))
+            if source:
+                text += f"\n  source {Path(location['file']).name}:{location['line']}:  {source}"
+        return text
+
+
+def source_line(path: str, line: int) -> str | None:
+    try:
+        return Path(path).read_text().splitlines()[line - 1].strip()
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass
+class SanitizerResult:
+    tool: str
+    findings: list[Finding]
+    summary: int | None  # the tool's own error count; None if it never printed one
+
+    @property
+    def clean(self) -> bool:
+        return self.summary == 0 and not self.findings
+
+    def describe(self) -> str:
+        if self.summary is None:
+            return f"compute-sanitizer {self.tool} printed no error summary: it did not finish"
+        head = f"compute-sanitizer {self.tool}: {self.summary} error(s)"
+        return "\n".join([head] + [f.describe() for f in self.findings])
+
+
+def parse(tool: str, output: str) -> SanitizerResult:
+    """Read the ``========= `` lines of compute-sanitizer's output into findings."""
+    findings: list[Finding] = []
+    summary = None
+    current: list[str] | None = None
+    for raw in output.splitlines():
+        if not raw.startswith(PREFIX.rstrip()):
+            continue
+        line = raw[len(PREFIX) :] if raw.startswith(PREFIX) else ""
+        match = SUMMARY_RE.search(line)
+        if match:
+            summary = int(match.group(1))
+            current = None
+        elif not line.strip() or line.startswith("COMPUTE-SANITIZER"):
+            current = None
+        elif line.startswith(" "):
+            if current is not None:
+                current.append(line.strip())
+        else:
+            current = [line.strip()]
+            findings.append(Finding(current))
+    return SanitizerResult(tool, findings, summary)

@@ -1,0 +1,16 @@
+"""Helpers for the plugin's own tests: running the plugin the way a user does."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_fla import targets
+
+GPU = targets.probe_gpu()
+needs_gpu = pytest.mark.skipif(GPU is None, reason="needs a CUDA GPU: runs planted faults on the device")
+cpu_only = pytest.mark.skipif(GPU is not None, reason="checks the CPU machine's modes (a GPU changes them)")
+
+
+def run(pytester, *args, timeout=540):
+    """The plugin in a fresh pytest process; no cache or random ordering in the project."""
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", *args, timeout=timeout)

@@ -1,0 +1,63 @@
+"""Compile-only targets on this machine: the planted shared-memory overflow fails for sm86
+and passes for sm90, grid limits are checked, numeric tests skip with the reason, and the
+report says so per arch (text and JSON)."""
+
+from __future__ import annotations
+
+import json
+
+from plugin_testing import cpu_only, run
+
+PROJECT = '''
+import pytest, torch
+import faulty_kernels as fk
+from pytest_fla.capture import assert_compiles, capture_launches, check_launches
+from pytest_fla.targets import ALL_ARCHS
+
+def per_arch(op):
+    return [pytest.param(a, id=f"sm{a}", marks=[pytest.mark.fla_op(op), pytest.mark.fla_compile(f"sm{a}")])
+            for a in ALL_ARCHS]
+
+@pytest.mark.parametrize("arch", per_arch("hungry_matmul"))
+def test_compile(arch):
+    a = torch.randn(256, 256, dtype=torch.float16)
+    with capture_launches(arch) as recorder:
+        fk.shared_hungry_matmul(a, a)
+    assert_compiles(recorder.launches, arch)
+
+@pytest.mark.parametrize("arch", per_arch("copy"))
+def test_grid(arch):
+    x = torch.zeros(128 * 70000)
+    with capture_launches(arch) as recorder:
+        fk.copy_kernel[(1, 70000)](x, x, x.numel(), BLOCK=128)
+    problems = [str(p) for p in check_launches(recorder.launches, arch).problems]
+    assert problems == ["copy_kernel(BLOCK=128, num_warps=4, num_stages=3): grid axis 1 is 70000, over CUDA's limit of 65535"]
+
+@pytest.mark.fla_op("copy")
+def test_forward():
+    x = torch.arange(300.0)
+    assert torch.equal(fk.copy(x), x)
+'''
+
+
+@cpu_only
+def test_shared_memory_overflow_fails_sm86_only(project):
+    project.makepyfile(test_project=PROJECT)
+    result = run(project, "--fla-arch=sm86,sm90", "--fla-report=report.json", "-rs")
+    out = result.stdout.str()
+    assert "sm86: compile-only - no GPU here" in out
+    assert "needs 131072 bytes of shared memory, over sm86's limit of 101376" in out
+    result.assert_outcomes(passed=4, failed=1, skipped=2)  # 2 skipped: test_forward in each compile-only worker
+    assert "runs kernels; sm86 is compile-only here" in out
+    report = json.loads((project.path / "report.json").read_text())
+    assert {a["name"]: a["mode"] for a in report["archs"]} == {
+        "interpreter": "interpreter", "sm86": "compile-only", "sm90": "compile-only"}
+    outcomes = {(t["op"], t["check"], t["arch"]): t["outcome"] for t in report["tests"]}
+    assert outcomes[("hungry_matmul", "compile", "sm86")] == "failed"
+    assert outcomes[("hungry_matmul", "compile", "sm90")] == "passed"
+    assert outcomes[("copy", "grid", "sm86")] == "passed"
+    assert outcomes[("copy", "forward", "interpreter")] == "passed"
+    assert outcomes[("copy", "forward", "sm90")] == "skipped"
+    assert ("hungry_matmul", "compile", "interpreter") not in outcomes  # runs in its arch's worker only
+    assert report["matrix"]["sm86"]["hungry_matmul"]["compile"] == {"passed": 0, "failed": 1, "skipped": 0}
+    assert all(t["duration"] >= 0 for t in report["tests"])

@@ -1,0 +1,131 @@
+"""Planted faults on a real GPU: memcheck finds the off-by-one read (only with the caching
+allocator off), isolation contains an illegal address, and sm86 emulation refuses the
+shared-memory overflow that sm90 runs. Skipped without a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from plugin_testing import GPU, needs_gpu, run
+
+from pytest_fla import sanitizer
+
+pytestmark = needs_gpu
+needs_sanitizer = pytest.mark.skipif(sanitizer.executable() is None, reason="compute-sanitizer is not on the PATH")
+
+OFF_BY_ONE = '''
+import torch
+import faulty_kernels as fk
+
+def test_copy_is_clean():
+    x = torch.arange(1000.0, device="cuda")
+    assert torch.equal(fk.copy(x), x)
+
+def test_off_by_one_read():
+    x = torch.arange(1000.0, device="cuda")
+    y = fk.off_by_one_read(x)
+    torch.cuda.synchronize()
+    assert torch.equal(y[:-1], x[1:])  # the last element came from past the end: no check sees it
+'''
+
+
+@needs_sanitizer
+def test_memcheck_catches_the_off_by_one_read(project):
+    project.makepyfile(test_oob=OFF_BY_ONE)
+    result = run(project, "--fla-sanitizer=memcheck", "-v")
+    result.assert_outcomes(passed=1, failed=1)
+    out = result.stdout.str()
+    assert "test_oob.py::test_copy_is_clean PASSED" in out
+    assert "Invalid __global__ read of size 4 bytes" in out
+    assert "shifted_copy_kernel" in out  # the kernel
+    assert "faulty_kernels.py:" in out  # the source line
+    assert "tl.load(x_ptr + offs + 1" in out
+
+
+@needs_sanitizer
+def test_the_read_is_invisible_with_the_caching_allocator(project):
+    """Why the sanitizer run turns PyTorch's caching allocator off."""
+    code = (
+        "import torch, faulty_kernels as fk\n"
+        "x = torch.arange(1000.0, device='cuda')\n"
+        "fk.off_by_one_read(x); torch.cuda.synchronize()\n"
+    )
+    seen = {}
+    for caching in (True, False):
+        env = dict(__import__("os").environ, **sanitizer.environment(caching_allocator=caching))
+        if caching:
+            env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
+        out = subprocess.run(
+            sanitizer.command("memcheck") + [sys.executable, "-c", code],
+            capture_output=True, text=True, env=env, cwd=project.path,
+        ).stdout
+        seen[caching] = sanitizer.parse("memcheck", out)
+    assert seen[True].summary == 0, seen[True].describe()
+    assert seen[False].summary and seen[False].summary > 0
+
+
+ILLEGAL_ADDRESS = '''
+import torch
+import faulty_kernels as fk
+
+def test_a_before():
+    x = torch.ones(1000, device="cuda")
+    assert torch.equal(fk.copy(x), x)
+
+def test_b_illegal_address():
+    y = torch.zeros(1000, device="cuda")
+    fk.illegal_address(y)  # never synchronizes: the fault surfaces after the test
+
+def test_c_after():
+    x = torch.ones(1000, device="cuda")
+    assert torch.equal(fk.copy(x), x)
+
+def test_d_after():
+    assert torch.ones(3, device="cuda").sum().item() == 3
+'''
+
+
+@pytest.mark.parametrize("granularity", ["test", "module"])
+def test_isolation_contains_an_illegal_address(project, granularity):
+    project.makepyfile(test_fault=ILLEGAL_ADDRESS)
+    result = run(project, f"--fla-isolate={granularity}", "-v")
+    result.assert_outcomes(passed=3, failed=1)
+    out = result.stdout.str()
+    assert "test_fault.py::test_b_illegal_address FAILED" in out
+    assert "illegal memory access" in out
+
+
+def test_without_isolation_the_fault_takes_later_tests_down(project):
+    project.makepyfile(test_fault=ILLEGAL_ADDRESS)
+    result = run(project, "--fla-isolate=none", "-v")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) + outcomes.get("errors", 0) >= 2, result.stdout.str()
+
+
+EMULATION = '''
+import pytest, torch
+import faulty_kernels as fk
+from triton.runtime.errors import OutOfResources
+
+def test_hungry_matmul():
+    a = torch.randn(512, 512, device="cuda", dtype=torch.float16)
+    c = fk.shared_hungry_matmul(a, a)
+    torch.testing.assert_close(c.float(), a.float() @ a.float(), rtol=2e-2, atol=2e-1)
+'''
+
+
+@pytest.mark.skipif(GPU is None or GPU.arch != 90, reason="needs an sm90 GPU to emulate sm86 and run sm90 natively")
+@pytest.mark.parametrize("arch,passes", [("sm86", False), ("sm80", True), ("sm90", True)])
+def test_emulation_enforces_the_targets_shared_memory(project, arch, passes):
+    project.makepyfile(test_emulated=EMULATION)
+    result = run(project, f"--fla-arch={arch}")
+    expected_mode = "native" if arch == "sm90" else "emulated"
+    assert f"{arch}: {expected_mode}" in result.stdout.str()
+    if passes:
+        result.assert_outcomes(passed=1)
+    else:
+        result.assert_outcomes(failed=1)
+        assert "OutOfResources" in result.stdout.str()
+        assert "Required: 131072, Hardware limit: 101376" in result.stdout.str()

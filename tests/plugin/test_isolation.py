@@ -1,0 +1,48 @@
+"""--fla-isolate: a process abort fails only its own test, with the end of its stderr,
+and the run goes on (per test, and per module with a fresh process after the crash)."""
+
+from __future__ import annotations
+
+import pytest
+from plugin_testing import run
+
+PROJECT = '''
+import os, sys
+
+def test_before():
+    pass
+
+def test_abort():
+    sys.stderr.write("Assertion `isa<LayoutAttr>' failed (stands in for a Triton compiler assertion)\\n")
+    sys.stderr.flush()
+    os.abort()
+
+def test_after():
+    assert os.getpid() != int(os.environ.get("FLA_TEST_PARENT_PID", "0"))
+
+def test_ordinary_failure():
+    assert 1 == 2
+'''
+
+
+@pytest.mark.parametrize("granularity", ["test", "module"])
+def test_an_abort_fails_only_its_own_test(pytester, granularity, monkeypatch):
+    import os
+
+    monkeypatch.setenv("FLA_TEST_PARENT_PID", str(os.getpid()))
+    pytester.makepyfile(test_crash=PROJECT)
+    result = run(pytester, f"--fla-isolate={granularity}", "-v")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "test_crash.py::test_abort FAILED" in out
+    assert "test_crash.py::test_after PASSED" in out
+    assert "killed by SIGABRT while running this test" in out
+    assert "Assertion `isa<LayoutAttr>' failed" in out  # the end of its stderr
+    assert "assert 1 == 2" in out  # ordinary failures keep their own report
+
+
+def test_without_isolation_an_abort_ends_the_run(pytester):
+    pytester.makepyfile(test_crash=PROJECT)
+    result = run(pytester, "--fla-isolate=none")
+    assert result.ret not in (0, 1)  # the whole process died: no test after it ran
+    assert "Fatal Python error: Aborted" in result.stderr.str()

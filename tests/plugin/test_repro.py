@@ -1,0 +1,79 @@
+"""Reproducers as tests: the header, what each expectation accepts, the scaffold command,
+and collection of a repro directory under the session's target."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from plugin_testing import cpu_only, run
+
+from pytest_fla import repro
+
+HEADER = "# source: a report\n# seen-on: sm90\n# expect: {expect}\n# needs: {needs}\n"
+
+
+def write(tmp_path, body, expect="pass", needs="device", name="case.py"):
+    path = tmp_path / name
+    path.write_text(HEADER.format(expect=expect, needs=needs) + body)
+    return path
+
+
+def run_repro(path, expect):
+    return subprocess.run([sys.executable, "-m", "pytest_fla", "run-repro", str(path), "--expect", expect],
+                          capture_output=True, text=True)
+
+
+def test_header_requires_source_arch_and_expectation(tmp_path):
+    with pytest.raises(repro.ReproHeaderError, match="lacks source, seen-on"):
+        repro.Header.parse("# expect: pass\nprint(1)\n")
+    with pytest.raises(repro.ReproHeaderError, match="must be `pass` or `raises"):
+        repro.Header.parse(HEADER.format(expect="fails sometimes", needs="device"))
+    header = repro.Header.parse(HEADER.format(expect="pass", needs="gpu") + "# expect-sm86: raises OSError: x\n")
+    assert header.expectation("sm86") == "raises OSError: x"
+    assert header.expectation("sm90") == "pass"
+    assert header.needs == "gpu"
+
+
+@pytest.mark.parametrize(
+    "body,expect,ok",
+    [
+        ("x = 1\n", "pass", True),
+        ("raise ValueError('`cu_seqlens` must end at T = 24')\n", "pass", False),
+        ("raise ValueError('`cu_seqlens` must end at T = 24')\n", "raises ValueError: end at T = 24", True),
+        ("raise ValueError('something else')\n", "raises ValueError: end at T", False),
+        ("raise TypeError('end at T')\n", "raises ValueError: end at T", False),
+        ("x = 1\n", "raises ValueError: anything", False),
+        ("import sys\nsys.exit(0)\n", "pass", True),
+    ],
+)
+def test_an_expectation_is_met_or_not(tmp_path, body, expect, ok):
+    result = run_repro(write(tmp_path, body, expect), expect)
+    assert (result.returncode == 0) == ok, result.stdout + result.stderr
+
+
+def test_new_repro_scaffolds_a_collectable_file(tmp_path):
+    subprocess.run([sys.executable, "-m", "pytest_fla", "new-repro", "bh_overflow", "--dir", str(tmp_path),
+                    "--seen-on", "sm80", "--expect", "raises ValueError: B \\* H"], check=True, capture_output=True)
+    text = (tmp_path / "bh_overflow.py").read_text()
+    header = repro.Header.parse(text)
+    assert header.fields["seen-on"] == "sm80" and header.expectation(None) == "raises ValueError: B \\* H"
+    again = subprocess.run([sys.executable, "-m", "pytest_fla", "new-repro", "bh_overflow", "--dir", str(tmp_path)],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+@cpu_only
+def test_a_repro_directory_runs_as_tests(pytester):
+    repro_dir = pytester.mkdir("repro")
+    write(repro_dir, "import pytest_fla\n", name="fine.py")
+    write(repro_dir, "raise ValueError('`x` must be positive')\n", expect="raises ValueError: must be positive", name="clear_error.py")
+    write(repro_dir, "raise RuntimeError('illegal memory access')\n", name="still_broken.py")
+    write(repro_dir, "x = 1\n", needs="gpu", name="gpu_only.py")
+    result = run(pytester, "-v", "-rs")
+    result.assert_outcomes(passed=2, failed=1, skipped=1)
+    out = result.stdout.str()
+    assert "repro/still_broken.py::still_broken FAILED" in out
+    assert "RuntimeError: illegal memory access" in out
+    assert "needs a GPU" in out

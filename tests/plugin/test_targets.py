@@ -1,0 +1,90 @@
+"""--fla-arch: the targets a run gets, the mode of each, and each one's environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pytest_fla import targets
+from pytest_fla.targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Gpu
+
+H200 = Gpu(count=1, arch=90)
+
+
+def modes(spec, gpu):
+    return {t.name: t.mode for t in targets.resolve_targets(spec, gpu)}
+
+
+def test_all_on_a_hopper_gpu():
+    assert modes("all", H200) == {
+        "sm75": COMPILE_ONLY, "sm80": EMULATED, "sm86": EMULATED, "sm89": EMULATED,
+        "sm90": NATIVE, "sm100": COMPILE_ONLY, "sm120": COMPILE_ONLY,
+    }
+
+
+def test_native_is_the_gpu_arch():
+    assert modes("native", H200) == {"sm90": NATIVE}
+    assert modes("native,sm80", H200) == {"sm90": NATIVE, "sm80": EMULATED}
+
+
+def test_without_a_gpu_numerics_run_once_under_the_interpreter():
+    assert modes("native", None) == {"interpreter": INTERPRETER}
+    assert modes("all", None) == {"interpreter": INTERPRETER, **{f"sm{a}": COMPILE_ONLY for a in targets.ALL_ARCHS}}
+    assert modes("sm80,sm90", None) == {"interpreter": INTERPRETER, "sm80": COMPILE_ONLY, "sm90": COMPILE_ONLY}
+
+
+def test_emulation_needs_the_targets_shared_memory():
+    # An sm86 card has less shared memory than sm80: emulating sm80 there would fail for
+    # the host's reasons, not the target's.
+    assert modes("sm80", Gpu(1, 86)) == {"sm80": COMPILE_ONLY}
+    assert modes("sm80", Gpu(1, 120)) == {"sm80": COMPILE_ONLY}
+    assert modes("sm86", Gpu(1, 120)) == {"sm86": EMULATED}
+    assert modes("sm75", H200) == {"sm75": COMPILE_ONLY}  # not checked to run under emulation
+
+
+def test_every_target_says_why():
+    for target in targets.resolve_targets("all", H200):
+        assert target.reason and target.name.removeprefix("sm") in target.reason or target.mode == NATIVE
+
+
+@pytest.mark.parametrize("spec", ["sm81", "hopper", "sm_9"])
+def test_unknown_archs_are_refused(spec):
+    with pytest.raises(ValueError, match="unknown GPU arch"):
+        targets.resolve_targets(spec, None)
+
+
+def test_each_target_gets_its_own_environment():
+    by_name = {t.name: targets.target_environment(t) for t in targets.resolve_targets("all", H200)}
+    assert by_name["sm86"]["TRITON_OVERRIDE_ARCH"] == "sm86"
+    assert by_name["sm90"]["TRITON_OVERRIDE_ARCH"] == ""
+    assert by_name["sm100"]["CUDA_VISIBLE_DEVICES"] == ""  # compile-only never touches the GPU
+    assert all(env["TRITON_INTERPRET"] == "" for env in by_name.values())
+    assert all(env["FLA_TARGET_ARCH"] == name for name, env in by_name.items())
+    caches = {env["TRITON_CACHE_DIR"] for env in by_name.values()}
+    assert len(caches) == len(by_name)
+    (interp,) = targets.resolve_targets("native", None)
+    assert targets.target_environment(interp)["TRITON_INTERPRET"] == "1"
+
+
+def test_a_target_survives_the_trip_through_the_environment():
+    target = targets.resolve_targets("sm86", H200)[0]
+    decoded = targets.decode_target(targets.target_environment(target)[targets.RUN_TARGET_ENV])
+    assert (decoded.name, decoded.arch, decoded.mode) == ("sm86", 86, EMULATED)
+
+
+def test_importing_the_plugin_initialises_nothing():
+    code = (
+        "import sys, pytest_fla.plugin, pytest_fla.__main__\n"
+        "heavy = [m for m in ('torch', 'triton', 'kernels') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_plugins_limits_are_the_kernels_limits():
+    """targets.py keeps its own copy (importing kernels would import torch and triton)."""
+    import kernels._arch
+
+    assert targets.SHARED_MEMORY_LIMIT == kernels._arch.SHARED_MEMORY_LIMIT
