@@ -11,50 +11,52 @@ Time is cut into chunks of ``BT = 64`` tokens (the last chunk of a sequence may 
 shorter: its missing rows are loaded as ``q = k = v = g = 0``). Inside a chunk, with rows
 ``i, j = 0 .. BT-1``, ``G_i = sum_{t <= i} g_t`` is the inclusive cumulative gate (per
 channel, restarting at every chunk), ``L`` the last row (``G_L`` is the gate of the whole
-chunk, padded rows add 0), ``h`` the state entering the chunk and ``^`` the row-wise
-scaling of a matrix by ``exp`` of an exponent. Unrolling the recurrence over one chunk::
+chunk, padded rows add 0) and ``h`` the state entering the chunk. Unrolling the
+recurrence over one chunk::
 
     S_i = diag(e^{G_i}) h + sum_{j <= i} diag(e^{G_i - G_j}) k_j v_j^T
 
 so, with ``A_ij = scale * sum_c q_ic k_jc e^{G_ic - G_jc}`` for ``j <= i`` (0 above)::
 
-    o    = (scale q ⊙ e^{G}) h + A v                                      (output)
-    h'   = diag(e^{G_L}) h + (k ⊙ e^{G_L - G})^T v                      (next state)
+    o    = q_in h + A v,                  q_in  = scale q ⊙ e^{G}            (output)
+    h'   = diag(e^{G_L}) h + k_out^T v,   k_out = k ⊙ e^{G_L - G}            (next state)
 
-Every exponent above is ``<= 0`` (``G`` is non-increasing in time), so no ``exp``
-overflows however strong the decay; what underflows to 0 is below fp32's range anyway.
+Every exponent is ``<= 0`` (``G`` is non-increasing in time), so no ``exp`` overflows
+however strong the decay; what underflows to 0 is below fp32's range anyway.
+``G_L - G_j`` is computed as the sum ``sum_{t > j} g_t`` itself, never as a difference of
+cumulative sums, which would carry an absolute error of ``|G| 2^-24`` (``4e-4`` at
+``|G| ~ 6000``, strong decay) into a factor that may be close to 1.
 
-The intra-chunk scores ``A``: secondary chunking
-------------------------------------------------
+The intra-chunk scores ``A``: secondary chunking, all the way down
+------------------------------------------------------------------
 ``A`` is not a plain matmul (the gate differs per channel), and the textbook
-factorisation ``(q ⊙ e^{G}) (k ⊙ e^{-G})^T`` overflows (``e^{-G}`` reaches
-``e^{+6000}`` at ``g = logsigmoid(x) / 0.01``). Split the chunk into ``NC = BT / BC``
-sub-chunks of ``BC = 16`` rows. For row ``i`` in sub-chunk ``I`` and ``j`` in an earlier
-sub-chunk, factor through the reference row ``e = BC*I - 1`` (the last row before ``I``),
-which lies between them::
+factorisation ``(q ⊙ e^{G}) (k ⊙ e^{-G})^T`` overflows (``e^{-G}`` reaches ``e^{+6000}``
+at ``g = logsigmoid(x) / 0.01``). For ``j`` and ``i`` in different sub-chunks, a reference
+row ``e`` between them (``j <= e < i``) splits the factor into two that are each ``<= 1``::
 
-    e^{G_i - G_j} = e^{G_i - G_e} e^{G_e - G_j},  both exponents <= 0  (j <= e < i)
+    e^{G_i - G_j} = e^{G_i - G_e} e^{G_e - G_j}
 
-    A[I, :BC*I] = scale (q_I ⊙ e^{G_I - G_e}) (k ⊙ e^{G_e - G})[:BC*I]^T
+and ``A`` restricted to those pairs is a tensor-core ``tl.dot`` of
+``(q ⊙ e^{G - G_e})`` and ``(k ⊙ e^{G_e - G})``. Applied recursively (sub-chunks of 32,
+16, ..., 1 rows) this covers every pair with ``i > j``, so the diagonal blocks need no
+elementwise loop: at *level* ``l = 0 .. 5`` the rows form aligned blocks of ``s = 2**l``;
+level ``l`` owns the pairs with ``i`` in the right and ``j`` in the left block of the same
+aligned ``2 s`` block, and its reference row ``e`` is the left block's last row. Every
+pair ``i > j`` belongs to exactly one level (the highest bit where ``i`` and ``j``
+differ), and the diagonal ``i = j`` is ``q_i . k_i`` (``e^0 = 1``). Per level::
 
-a tensor-core ``tl.dot``. ``G_I - G_e`` is the cumulative gate *within* sub-chunk ``I``
-(computed as its own cumsum, so it has no cancellation error). In the kernel the left
-factor for all four sub-chunks is one ``[BT, BK]`` tile ``q̃ = q ⊙ e^{G - G_{e(i)}}``,
-and for each ``I`` the right factor ``k̃_I = k ⊙ e^{G_e - G}`` is masked to rows
-``j < BC*I`` (masked *before* the ``exp``); ``dot(q̃, k̃_I^T)`` restricted to the rows of
-``I`` is that block row of ``A``.
+    A += mask_l ⊙ dot(q ⊙ e^{L} ⊙ [i right], (k ⊙ e^{R} ⊙ [j left])^T)
 
-The diagonal blocks (``i, j`` in the same sub-chunk) admit no reference row between
-``i`` and ``j``; they are computed exactly, column by column, walking ``j`` down from the
-sub-chunk's last row to its first with ``P_i = q_i ⊙ e^{G_i - G_j}`` (0 for ``i < j``)::
-
-    P <- P with row j set to q_j          (e^0 = 1)
-    A_ij = scale * sum_c P_ic k_jc         (column j of the diagonal block)
-    P <- P ⊙ e^{g_j}                      (now e^{G_i - G_{j-1}}: one more factor <= 1)
-
-so each step exponentiates one gate row (``e^{g_j} <= 1``) instead of a ``BC x K`` tile,
-with no subtraction of large cumulative gates. The four diagonal blocks advance together
-as ``[NC, BC, K]`` tensors.
+with ``L_i = G_i - G_e = sum of g over i's block up to i`` and ``R_j = G_e - G_j =
+sum of g over j's block after j``. These block sums are built level by level without
+any subtraction: merging a block with its sibling adds the sibling's total (``L`` at the
+sibling's last row, a ``tl.gather``) to ``L`` of a right block and to ``R`` of a left
+block. Each factor is then a sum of same-sign terms, accurate to a few ulps at any
+decay, and after the last merge ``L = G`` and ``R = G_L - G``: the operands of the state
+pass come out of the same recursion. (The brief's two-level form, 16-row sub-chunks with
+an elementwise loop over the 16 columns of each diagonal block, is the special case that
+stops the recursion at 16; a 16-step loop per chunk is latency-bound on a GPU, while
+six levels are six independent tensor-core products.)
 
 Backward
 --------
@@ -63,20 +65,19 @@ gradient reaching the chunk's *last* state from the future (later outputs and th
 state): ``dh = dht`` (the final state's gradient, or 0) for the last chunk of a sequence,
 and going back one chunk::
 
-    dh_prev = diag(e^{G_L}) dh + (scale q ⊙ e^{G})^T do
+    dh_prev = diag(e^{G_L}) dh + q_in^T do
 
 after the first chunk this is the gradient of ``initial_state``. With
 ``dA = scale * tril(do v^T)`` (the gradient of ``A`` times ``scale``)::
 
-    dv = (k ⊙ e^{G_L - G}) dh + A^T do
-    dq = scale e^{G} ⊙ (do h^T)      + [dq_ic = sum_{j <= i} dA_ij k_jc e^{G_ic - G_jc}]
-    dk = e^{G_L - G} ⊙ (v dh^T)       + [dk_jc = sum_{i >= j} dA_ij q_ic e^{G_ic - G_jc}]
+    dv = k_out dh + A^T do
+    dq = scale e^{G} ⊙ (do h^T) + [dq_ic = sum_{j <= i} dA_ij k_jc e^{G_ic - G_jc}]
+    dk = e^{G_L - G} ⊙ (v dh^T) + [dk_jc = sum_{i >= j} dA_ij q_ic e^{G_ic - G_jc}]
 
-The bracketed intra-chunk terms use the same secondary chunking: off the diagonal,
-``dq_I += e^{G_I - G_e} ⊙ (dA[I] (k ⊙ e^{G_e - G})_{<BC*I})`` and
-``dk_{<BC*I} += e^{G_e - G} ⊙ (dA[I]^T (q ⊙ e^{G - G_e})_I)``; on the diagonal the same
-downward walk over ``j`` with ``E_i = e^{G_i - G_j}``: ``dq_i += dA_ij E_i ⊙ k_j`` and
-``dk_j = sum_i dA_ij E_i ⊙ q_i``.
+The bracketed intra-chunk terms use the same levels: with ``dA_l = mask_l ⊙ dA``,
+``dq += [i right] e^{L} ⊙ dot(dA_l, k ⊙ e^{R} ⊙ [j left])`` and
+``dk += [j left] e^{R} ⊙ dot(dA_l^T, q ⊙ e^{L} ⊙ [i right])``, plus the diagonal terms
+``dA_ii k_i`` and ``dA_ii q_i``.
 
 Gate gradient (the cumulative-gate identity). The loss depends on ``g`` only through the
 sequence-wide cumulative gates ``Γ_t = sum_{s <= t} g_s``, so
@@ -87,35 +88,48 @@ sequence-wide cumulative gates ``Γ_t = sum_{s <= t} g_s``, so
 
 Inside a chunk the reverse cumsum is local; what the tokens after the chunk add is the
 sensitivity to scaling the chunk's last state ``h'`` on its way out, ``sum_v h' ⊙ dh``.
-With ``h' = e^{G_L} h + (k ⊙ e^{G_L - G})^T v`` that is computable from the chunk alone::
+With ``h' = e^{G_L} h + k_out^T v`` that is computable from the chunk alone::
 
-    carry = e^{G_L} ⊙ sum_v (h ⊙ dh) + sum_t k_t ⊙ dk_inter_t,  dk_inter = e^{G_L - G} ⊙ (v dh^T)
-    dg    = revcumsum_in_chunk(q ⊙ dq - k ⊙ dk) + carry
+    carry = e^{G_L} ⊙ sum_v (h ⊙ dh) + sum_t k_t ⊙ dk_inter_t,   dk_inter = e^{G_L - G} ⊙ (v dh^T)
+    dg_s  = sum_{t >= s in chunk} (q ⊙ dq - k ⊙ dk)_t + carry
 
 (for the last chunk ``dh = dht`` makes ``carry`` the final-state term), so ``dg`` needs no
-pass across chunks.
+pass across chunks. Two rearrangements keep it accurate where ``e^{g}`` underflows and
+the true ``dg`` is tiny next to ``q ⊙ dq``:
+
+* the diagonal terms ``q_i dA_ii k_i`` appear in both ``q ⊙ dq`` and ``k ⊙ dk`` and
+  cancel exactly, so they are left out of ``dg`` (and added to ``dq``, ``dk`` after);
+* ``sum_{t >= s} k_t dk_inter_t`` cancels against the same sum in ``carry``, leaving
+  ``sum_{t < s} k_t dk_inter_t``, a strict prefix sum computed as a triangular matmul, so
+  no large term (the last row's, with factor ``e^0``) is added and taken away::
+
+    dg_s = sum_{t >= s} (q ⊙ dq' - k ⊙ dk_intra')_t + sum_{t < s} (k ⊙ dk_inter)_t
+           + e^{G_L} ⊙ sum_v (h ⊙ dh)            (' : without the diagonal terms)
 
 Kernels and launches
 --------------------
 Forward, 2 launches:
 
-1. ``_intra_scores_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over
-   ``K`` in blocks of ``BK``), written in the dtype of ``q``.
-2. ``_states_output_fwd``: grid ``(N * H * cdiv(V, BV),)``; one program per sequence, head
-   and block of value channels walks its chunks in order, keeping the ``[K, BV]`` state in
-   registers: output, next state, (for training) the chunk-entry states ``h`` in ``q``'s
-   dtype, and the final state.
+1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
+   blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
+   ``e^{G_L}`` (fp32, per chunk) for the state pass.
+2. ``_states_fwd``: grid ``(N * H * cdiv(V, BV),)``; one program per sequence, head and
+   block of value channels walks its chunks in order, keeping the ``[K, BV]`` fp32 state
+   in registers: nothing but tensor-core products and the decay, with the chunk loads
+   multi-buffered. Writes the output, the final state and (for training) the
+   chunk-entry states ``h`` in ``q``'s dtype.
 
-Backward, 2 launches:
+Backward, 2 launches (``A``, ``q_in``, ``k_out``, ``e^{G_L}`` and ``h`` saved from the
+forward):
 
 3. ``_states_dv_bwd``: grid ``(N * H * cdiv(V, BV),)``; walks the chunks backwards keeping
-   ``dh`` in registers: ``dv``, the per-chunk ``dh``, and the initial state's gradient.
-4. ``_qkg_bwd``: grid ``(chunks * H, cdiv(K, BK))``; per chunk: ``dA`` (loop over ``V``),
-   ``dq``, ``dk`` and ``dg`` as above.
+   ``dh`` in registers: ``dv``, the per-chunk ``dh`` (``q``'s dtype), and the initial
+   state's gradient.
+4. ``_qkg_bwd``: grid ``(chunks * H, cdiv(K, BK))``; per chunk and block of key channels:
+   ``dA``, ``do h^T``, ``v dh^T`` (loop over ``V``), then the levels: ``dq``, ``dk``, ``dg``.
 
-Every kernel recomputes the in-chunk gate cumsum from ``g`` (no cumulative-gate tensor
-is stored). Grids put the large products on axis 0; offsets are 64-bit. Configs are
-chosen for the target arch (``kernels._arch``).
+Grids put the large products on axis 0; offsets are 64-bit (a 64-bit base per tile,
+32-bit offsets inside it). Configs come from the target arch (``_configs``).
 """
 
 from __future__ import annotations
@@ -476,15 +490,15 @@ def _qkg_bwd(
 # --------------------------------------------------------------------------------------
 
 
-def _dot_types(dtype: torch.dtype):
-    """(operand dtype, input precision) for ``tl.dot``.
+def _dot_types(work: torch.dtype):
+    """(operand dtype, input precision) of ``tl.dot`` for the work dtype (bf16 or fp32).
 
-    bf16/fp16 go to the tensor cores as they are; fp32 uses tf32x3. Triton 3.6's CPU
-    interpreter multiplies bf16 bit patterns as integers, so there every dot runs in fp32.
+    bf16 goes to the tensor cores as it is; fp32 uses tf32x3. Triton 3.6's CPU interpreter
+    multiplies bf16 bit patterns as integers, so there every product runs in fp32.
     """
-    if dtype == torch.float32 or _arch.is_interpreter():
+    if work == torch.float32 or _arch.is_interpreter():
         return tl.float32, ("ieee" if _arch.is_interpreter() else "tf32x3")
-    return (tl.bfloat16 if dtype == torch.bfloat16 else tl.float16), "tf32x3"
+    return tl.bfloat16, "tf32x3"
 
 
 def _state_stages(BK: int, BV: int, elt: int, smem: int) -> int:
@@ -554,8 +568,12 @@ class _Layout:
             self.NT = _utils.cdiv(T, BT)
             self.chunk_map = self.chunk_offsets = None
             self.n_chunks = B * self.NT
-        self.cfg = _configs(K, self.V, q.dtype)
-        self.dot, self.prec = _dot_types(q.dtype)
+        # Intermediates (A, q_in, k_out, the chunk states) are kept in q's dtype, except
+        # for fp16, whose range cannot hold gate-scaled operands (e^{G} < 6e-8 flushes to
+        # 0 and takes, e.g., the whole initial-state gradient with it at strong decay).
+        self.work = torch.float32 if q.dtype == torch.float16 else q.dtype
+        self.cfg = _configs(K, self.V, self.work)
+        self.dot, self.prec = _dot_types(self.work)
 
     def common(self):
         return dict(T=self.T, NT=self.NT, H=self.H, K=self.K, BT=BT, DOT=self.dot, PREC=self.prec,
@@ -564,9 +582,9 @@ class _Layout:
 
 def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool):
     H, K, V = lay.H, lay.K, lay.V
-    A = _utils.empty((*q.shape[:3], BT), q.dtype, q.device)
-    q_in = _utils.empty_like(q)
-    k_out = _utils.empty_like(k)
+    A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
+    q_in = _utils.empty_like(q, lay.work)
+    k_out = _utils.empty_like(k, lay.work)
     decay = _utils.empty((lay.n_chunks, H, K), torch.float32, q.device)
     if lay.n_chunks > 0:
         cfg = lay.cfg["intra"]
@@ -575,7 +593,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
             LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     o = _utils.empty_like(v)
-    h_chunks = _utils.empty((lay.n_chunks, H, K, V), q.dtype, q.device) if save_states else None
+    h_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device) if save_states else None
     final_state = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if output_final_state else None
     cfg = lay.cfg["state"]
     _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
@@ -590,7 +608,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
 def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     A, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
-    dh_chunks = _utils.empty((lay.n_chunks, H, K, V), q.dtype, q.device)
+    dh_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device)
     dv = _utils.empty_like(v)
     dh0 = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if need_dh0 else None
     cfg = lay.cfg["state"]
