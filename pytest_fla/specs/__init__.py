@@ -10,6 +10,7 @@ from ..spec import OpSpec
 FAMILY_MODULES = (
     "simple_gla",
     "gla",
+    "modules",
 )
 
 
