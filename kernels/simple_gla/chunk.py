@@ -69,10 +69,15 @@ import triton.language as tl
 
 from .. import _arch
 from .._utils import block_size, cdiv, chunk_map, empty
+from .._validate import check_range
 from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
 
 CHUNK_SIZE = 64
+# Shared memory (bytes) an arch needs for float32 inputs with K > 128 (measured by offline
+# compile: the gradient kernel takes 131072 bytes at K = 256); smaller archs (sm86, sm89,
+# sm120, sm75) support float32 only up to K = 128.
+FP32_WIDE_K_SMEM = 140 * 1024
 
 
 @triton.jit
@@ -235,17 +240,22 @@ def chunk_output_kernel(
 
 
 @triton.jit
-def _chunk_gate_grad(qb, kb, AT, dA_raw, dq_inter_raw, dk_inter_raw, hdh, b, b_last, scale, k_decay):
+def _chunk_gate_grad(qb, kb, dA_raw, dq_inter_raw, dk_inter_raw, hdh, b, b_last, scale, k_decay,
+                     PRECISION: tl.constexpr):
     """``dg_t = e^{g_t} <S_{t-1}, dS_t>`` for the chunk's tokens (module docstring).
 
-    ``AT`` is the scaled, decayed, masked ``A^T`` in fp32; ``dA_raw = do v^T``;
-    ``dq_inter_raw = do H_c^T`` and ``dk_inter_raw = v dH_{c+1}^T`` before their decays.
+    ``dA_raw = do v^T``; ``dq_inter_raw = do H_c^T`` and ``dk_inter_raw = v dH_{c+1}^T``
+    before their decays; ``hdh = <H_c, dH_{c+1}>``. The attention matrix is recomputed
+    here rather than kept from before the V loop: holding it across the loop made the
+    kernel spill registers.
     """
-    o_t = tl.arange(0, AT.shape[0])
+    o_t = tl.arange(0, dA_raw.shape[0])
     x = tl.sum(qb.to(tl.float32) * dq_inter_raw, 1) * scale * tl.exp(b.to(tl.float32))
     y = tl.sum(kb.to(tl.float32) * dk_inter_raw, 1) * k_decay
     # M[u, s] = A_us (do_u . v_s) for s < u; a token t collects the pairs s < t <= u
-    M = tl.where(o_t[:, None] > o_t[None, :], tl.trans(AT) * dA_raw, 0.0)
+    strict = o_t[:, None] > o_t[None, :]
+    A = tl.dot(qb, tl.trans(kb), input_precision=PRECISION)
+    M = A * dA_raw * scale * tl.exp(tl.where(strict, (b[:, None] - b[None, :]).to(tl.float32), float("-inf")))
     before_t = tl.cumsum(M, 1) - M  # [u, t] -> sum_{s < t} M[u, s]
     crossing = tl.sum(tl.where(o_t[:, None] >= o_t[None, :], before_t, 0.0), 0)
     return tl.exp(b_last.to(tl.float32)) * hdh + tl.cumsum(x, 0, reverse=True) + (tl.cumsum(y, 0) - y) + crossing
@@ -291,7 +301,6 @@ def chunk_grad_kernel(
     else:
         AT = tl.where(anti_causal, AT, 0.0)
         k_dec = kb
-    AT32 = AT
     AT = AT.to(kb.dtype)
 
     hdh = tl.zeros([BK], dtype=tl.float32)  # <H_c, dH_{c+1}>, summed over K at the end
@@ -320,7 +329,7 @@ def chunk_grad_kernel(
 
     causal = o_t[:, None] >= o_t[None, :]
     if STORE_DG:
-        dg_chunk = _chunk_gate_grad(qb, kb, AT32, dA, dq_acc, dk_acc, tl.sum(hdh, 0), b, b_last, scale, k_decay)
+        dg_chunk = _chunk_gate_grad(qb, kb, dA, dq_acc, dk_acc, tl.sum(hdh, 0), b, b_last, scale, k_decay, PRECISION)
         tl.store(dg + t * H + i_h, dg_chunk.to(dg.dtype.element_ty), mask=m_t)
     if USE_G or USE_G_GAMMA:
         dA *= scale * tl.exp(tl.where(causal, (b[:, None] - b[None, :]).to(tl.float32), float("-inf")))
@@ -341,13 +350,13 @@ def _precision(dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-def _configs(K: int, V: int, dtype) -> dict:
+def _configs(K: int, V: int, dtype, gated: bool = True) -> dict:
     """Block sizes, warps and stages per kernel, from the target arch's shared-memory budget.
 
     Timed on an H200 (bf16, B=4 T=4096 H=16 K=V=128): state pass 0.092 ms at BK=BV=64,
     4 warps, 3 stages (2 stages: 0.122; BV=32: 0.112); output 0.120 ms at BK=64, BV=128,
-    4 warps, 3 stages (BK=128: 0.20); gradient 0.466 ms at BV=64, 8 warps, 3 stages
-    (2 stages: 0.506; BV=32: 0.61). Shared memory, by offline compile, stays within every
+    4 warps, 3 stages (BK=128: 0.20); gradient with dg 0.46 ms at BV=64, 8 warps, 3 stages
+    (2 stages: 0.506; BV=32: 0.54; 4 warps: 0.79), without dg 0.33 ms. Shared memory, by offline compile, stays within every
     arch's limit at K = V = 64..256 (sm86/89 take smaller V blocks for K = 256).
     """
     big_smem = _arch.shared_memory_limit() >= 160 * 1024
@@ -361,8 +370,10 @@ def _configs(K: int, V: int, dtype) -> dict:
         "output": dict(BK=min(BKf, 64), BV=min(block_size(V), 128 if fast else 64), num_warps=4,
                        num_stages=3 if fast else 2),
         # gradients: the whole K per program, V in blocks
-        "grad": dict(BK=BKf, BV=min(block_size(V), 64 if (BKf <= 128 and fast) else 16 if (BKf > 128 and not big_smem) else 32),
-                     num_warps=8 if BKf >= 128 else 4, num_stages=3 if fast else (2 if big_smem else 1)),
+        # gradients: the whole K per program, V in blocks; without a gate the kernel is
+        # lighter and runs best with 4 warps and narrower V blocks (0.198 vs 0.280 ms)
+        "grad": dict(BK=BKf, BV=min(block_size(V), 64 if (BKf <= 128 and fast and gated) else 16 if (BKf > 128 and not big_smem) else 32),
+                     num_warps=8 if (BKf >= 128 and (gated or BKf > 128)) else 4, num_stages=3 if fast else (2 if big_smem else 1)),
     }
 
 
@@ -418,7 +429,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         scale, offsets_host, N = ctx.scale, ctx.offsets_host, ctx.N
         B, T, H, K = q.shape
         V = v.shape[-1]
-        cfg = _configs(K, V, q.dtype)
+        cfg = _configs(K, V, q.dtype, gated=g is not None or g_gamma is not None)
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
@@ -447,6 +458,10 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
 def _chunk_gated(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
     shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, scale=scale, initial_state=initial_state,
                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    if q.dtype == torch.float32 and _arch.shared_memory_limit() < FP32_WIDE_K_SMEM:
+        # the gradient kernel keeps q and k [64, K] as dot operands: 128 KiB in fp32 at K = 256
+        check_range(op, f"key head dim K (q.shape[-1]) for float32 inputs on sm{_arch.target_arch()}", shapes.K,
+                    1, 128)
     contiguous = [None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, initial_state)]
     return ChunkSimpleGLAFunction.apply(*contiguous[:5], shapes.scale, contiguous[5], bool(output_final_state),
                                         cu_seqlens, shapes.offsets_host, shapes.N)

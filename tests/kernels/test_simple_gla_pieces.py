@@ -147,3 +147,14 @@ def test_head_dim_range_in_error():
         chunk_simple_gla(q, q, v)
     with pytest.raises(ValueError, match=r"V.*300.*1\.\.256"):
         fused_recurrent_simple_gla(v, v, q)
+
+
+def test_fp32_wide_keys_need_a_large_shared_memory_arch(monkeypatch):
+    """On archs with ~100 KB of shared memory (sm86/89) float32 chunk ops stop at K = 128
+    (the gradient kernel's q and k tiles alone take 128 KiB at K = 256): a clear error
+    naming the range, before any launch; sm80/sm90 take K = 256."""
+    monkeypatch.setenv("FLA_TARGET_ARCH", "sm86")
+    q = torch.zeros(1, 4, 1, 256, device=_device())
+    v = torch.zeros(1, 4, 1, 8, device=_device())
+    with pytest.raises(ValueError, match=r"float32 inputs on sm86 = 256 .*1\.\.128"):
+        chunk_simple_gla(q, q, v)
