@@ -1,0 +1,1 @@
+from .fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda
