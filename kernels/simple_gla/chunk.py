@@ -87,6 +87,10 @@ def _chunk_grad_fits(K: int, dtype) -> bool:
     smem = _arch.shared_memory_limit()
     if smem < SMALL_SMEM:
         return False
+    if _arch.target_arch() >= 100 and K > 128:
+        # sm100's tensor-core path stages more: 237648 bytes for bf16 at K = 256 even with
+        # the sm90 config, 393224 for fp32 (offline compile); K > 128 takes the fused backward
+        return False
     return not (dtype == torch.float32 and K > 128 and smem < FP32_WIDE_K_SMEM)
 
 
