@@ -49,7 +49,9 @@ Kernels and launches:
   ``q H_c`` and the masked intra-chunk attention as tensor-core ``tl.dot``.
 * ``chunk_grad_kernel``: one program per (chunk, head): dq, dk, dv and dg.
 
-Forward: 2 launches. Backward: 2 launches. The per-chunk states from the
+Forward: 2 launches. Backward: 2 launches. Where the gradient kernel does not fit the
+target's shared memory (sm75; float32 with K > 128 on sm86/89/120; K > 128 on sm100) the
+backward is the fused-recurrent one (``gated_recurrent.fused_recurrent``): exact, slower. The per-chunk states from the
 forward are kept for the backward (memory ``N * ceil(T/64) * H * K * V`` elements in the
 input dtype) rather than recomputed.
 
