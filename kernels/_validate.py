@@ -215,8 +215,15 @@ def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int,
                 f"{op}: `cu_seqlens_cpu` has {cu_seqlens_cpu.numel()} offsets but `cu_seqlens` has "
                 f"{cu_seqlens.numel()}; they must be copies of each other"
             )
-        host = cu_seqlens_cpu.to(torch.int64)
-        _check_offset_values(op, "cu_seqlens_cpu", host, T)
+        # Cached per object like the device tensor below, so that the host copy (and the
+        # chunk maps keyed on it) stays the same object across calls, int32 input or not.
+        host = _cached_host_offsets(cu_seqlens_cpu)
+        if host is None:
+            host = cu_seqlens_cpu.to(torch.int64)
+            _check_offset_values(op, "cu_seqlens_cpu", host, T)
+            _remember_host_offsets(cu_seqlens_cpu, host)
+        elif int(host[-1]) != T:
+            _check_offset_values(op, "cu_seqlens_cpu", host, T)  # raises the ends-at-T error
         return host
     host = _cached_host_offsets(cu_seqlens)
     if host is not None and int(host[-1]) != T:
