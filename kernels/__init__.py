@@ -4,8 +4,13 @@ Every op validates its inputs before launching (``kernels._validate``), returns
 ``(o, final_state)`` for the recurrent families, and has its backward in Triton.
 """
 
+from .conv import causal_conv1d
 from .delta_rule.chunk import chunk_delta_rule, chunk_gated_delta_rule  # noqa: E402
 from .gated_recurrent.fused_recurrent import (  # noqa: E402
     fused_recurrent_gla, fused_recurrent_linear_attn, fused_recurrent_retention, fused_recurrent_simple_gla,
 )
+from .norm import l2norm, rms_norm, rms_norm_gated
+from .rotary import RotaryEmbedding, apply_rotary, rotary_embedding
 from .simple_gla.chunk import chunk_linear_attn, chunk_retention, chunk_simple_gla  # noqa: E402
+from .gla.chunk import chunk_gla  # noqa: E402
+from .delta_rule.fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda  # noqa: E402

@@ -95,11 +95,11 @@ def check_devices(op: str, **tensors) -> torch.device:
     device = first.device
     if device.type == "cpu" and not (_arch.is_interpreter() or _arch.CAPTURING_LAUNCHES):
         raise ValueError(
-            f"{op}: tensors are on the CPU; the kernels run on a CUDA device "
+            f"{op}: `{first_name}` and the other tensors are on the CPU; the kernels run on a CUDA device "
             "(or on the CPU under TRITON_INTERPRET=1)"
         )
-    if device.type not in ("cuda", "cpu", "meta"):
-        raise ValueError(f"{op}: tensors are on {device}; expected a CUDA device")
+    if device.type not in ("cuda", "cpu", "meta") or (device.type == "meta" and not _arch.CAPTURING_LAUNCHES):
+        raise ValueError(f"{op}: `{first_name}` and the other tensors are on {device}; expected a CUDA device")
     return device
 
 
@@ -122,8 +122,8 @@ def _tensor_version(t: torch.Tensor):
         return None
 
 
-def _cached_host_offsets(cu_seqlens: torch.Tensor):
-    entry = _checked_offsets.get(id(cu_seqlens))
+def _cached_host_offsets(cu_seqlens: torch.Tensor, cache=_checked_offsets):
+    entry = cache.get(id(cu_seqlens))
     if entry is None:
         return None
     ref, version, host = entry
@@ -132,14 +132,14 @@ def _cached_host_offsets(cu_seqlens: torch.Tensor):
     return None
 
 
-def _remember_host_offsets(cu_seqlens: torch.Tensor, host: torch.Tensor) -> None:
+def _remember_host_offsets(cu_seqlens: torch.Tensor, host: torch.Tensor, cache=_checked_offsets) -> None:
     version = _tensor_version(cu_seqlens)
     if version is None:
         return
-    if len(_checked_offsets) > 256:  # drop entries whose tensors are gone
-        for key in [k for k, (ref, _, _) in _checked_offsets.items() if ref() is None]:
-            del _checked_offsets[key]
-    _checked_offsets[id(cu_seqlens)] = (weakref.ref(cu_seqlens), version, host)
+    if len(cache) > 256:  # drop entries whose tensors are gone
+        for key in [k for k, (ref, _, _) in cache.items() if ref() is None]:
+            del cache[key]
+    cache[id(cu_seqlens)] = (weakref.ref(cu_seqlens), version, host)
 
 
 def _check_offset_values(op: str, name: str, host: torch.Tensor, T: int) -> None:
@@ -159,6 +159,23 @@ def _check_offset_values(op: str, name: str, host: torch.Tensor, T: int) -> None
             f"{op}: `{name}` must end at T = {T} (the packed sequence length), "
             f"got {name}[-1] = {host[-1].item()}"
         )
+
+
+# Host copies of other small integer tensors whose values are checked (per-sequence
+# position offsets): the same caching, kept apart from the validated offsets above.
+_host_copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host int64 copy of the small integer tensor ``t``, read from the device once per
+    tensor object and version (cached like ``cu_seqlens``), for checking its values."""
+    if t.device.type == "cpu":
+        return t.to(torch.int64)
+    host = _cached_host_offsets(t, _host_copies)
+    if host is None:
+        host = t.detach().to("cpu", torch.int64)
+        _remember_host_offsets(t, host, _host_copies)
+    return host
 
 
 def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int, device) -> torch.Tensor | None:
@@ -198,8 +215,15 @@ def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int,
                 f"{op}: `cu_seqlens_cpu` has {cu_seqlens_cpu.numel()} offsets but `cu_seqlens` has "
                 f"{cu_seqlens.numel()}; they must be copies of each other"
             )
-        host = cu_seqlens_cpu.to(torch.int64)
-        _check_offset_values(op, "cu_seqlens_cpu", host, T)
+        # Cached per object like the device tensor below, so that the host copy (and the
+        # chunk maps keyed on it) stays the same object across calls, int32 input or not.
+        host = _cached_host_offsets(cu_seqlens_cpu)
+        if host is None:
+            host = cu_seqlens_cpu.to(torch.int64)
+            _check_offset_values(op, "cu_seqlens_cpu", host, T)
+            _remember_host_offsets(cu_seqlens_cpu, host)
+        elif int(host[-1]) != T:
+            _check_offset_values(op, "cu_seqlens_cpu", host, T)  # raises the ends-at-T error
         return host
     host = _cached_host_offsets(cu_seqlens)
     if host is not None and int(host[-1]) != T:

@@ -47,7 +47,9 @@ def command(tool: str) -> list[str]:
 
 
 def environment(caching_allocator: bool = False) -> dict[str, str]:
-    env = {"CUDA_LAUNCH_BLOCKING": "1"}
+    # Small shapes under the sanitizer (it slows kernels down by one to two orders of
+    # magnitude); the op specs read FLA_SMALL_SHAPES.
+    env = {"CUDA_LAUNCH_BLOCKING": "1", "FLA_SMALL_SHAPES": "1"}
     if not caching_allocator:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return env

@@ -43,7 +43,12 @@ class Case:
     checks: tuple[str, ...] | None = None
 
     def dims_for(self, device) -> Mapping[str, int]:
-        return self.gpu_dims if (self.gpu_dims and str(device).startswith("cuda")) else self.dims
+        """``gpu_dims`` on a CUDA device, unless ``FLA_SMALL_SHAPES=1`` (set under the
+        sanitizer, which slows kernels down a hundredfold) asks for the small ones."""
+        import os
+
+        small = os.environ.get("FLA_SMALL_SHAPES") == "1"
+        return self.gpu_dims if (self.gpu_dims and str(device).startswith("cuda") and not small) else self.dims
 
     def with_dims(self, **dims) -> "Case":
         return dataclasses.replace(self, dims={**self.dims, **dims})

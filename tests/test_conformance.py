@@ -127,6 +127,8 @@ def test_every_output_written(spec, device):
     "spec,dtype", [_param(spec, dtype, id_parts=(dtype,)) for spec in SPECS if spec.deterministic for dtype in ("fp32", "bf16")]
 )
 def test_deterministic(spec, dtype, device):
+    if device.type != "cuda":
+        pytest.skip("the interpreter runs a grid's programs one after another, so only a GPU can reorder them")
     checks.check_deterministic(spec, spec.cases[0], dtype, device, checks.seed_for("det", spec.name, dtype))
 
 

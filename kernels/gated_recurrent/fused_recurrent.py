@@ -10,7 +10,7 @@ a constant one g_gamma ``[H]`` (added to g when both are given); a per-channel o
 columns evolve independently, so V is split into blocks of BV across programs (the whole
 K is one block, K <= 256).
 
-Backward (one program per (sequence, head, V block)), two passes over T:
+Backward, two passes over T, each one program per (sequence, head, V block):
 
 1. forward in time, recomputing ``S_t`` from the initial state exactly as the forward
    did (only multiplications by ``e^{a} <= 1`` and additions): ``dq_t = scale S_t do_t``;
@@ -44,8 +44,10 @@ so that their differences keep full precision under strong decay.
 dq, dk and dg get one partial sum per V block (each block sees part of the state); a
 reduction kernel adds them up and casts them.
 
-Launches: forward 1; backward 2. Grid axis 0 carries ``N * H * NV``; nothing large goes
-on axes 1 and 2.
+Launches: forward 1; backward 3 (the first pass is the forward kernel in its dq mode,
+then the second pass, then the reduction). Grid axis 0 carries ``N * H * NV``; nothing
+large goes on axes 1 and 2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats,
+allocated only when a gate gradient is wanted.
 """
 
 from __future__ import annotations
@@ -79,49 +81,57 @@ def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constex
 
 
 @triton.jit
-def _step_decay(g, g_gamma, gk, row, i_h, o_k, m_k, K: tl.constexpr, USE_G: tl.constexpr,
-                USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, valid=True):
-    """``e^{a_t}`` for the step at (token, head) ``row``, as a [BK] vector (rows of the state);
-    1 for a padding step (``valid`` false)."""
-    a = tl.zeros(o_k.shape, dtype=tl.float32)
-    if USE_G:
-        a += tl.load(g + row, mask=valid, other=0.0).to(tl.float32)
-    if USE_G_GAMMA:
-        a += tl.where(valid, tl.load(g_gamma + i_h).to(tl.float32), 0.0)
-    if USE_GK:
-        a += tl.load(gk + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-    return tl.exp(a)
-
-
-@triton.jit
-def _advance_state(S, k, v, g, g_gamma, gk, row, i_h, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
-                   USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr):
-    """``S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T`` for the step at (token, head) ``row``."""
-    bk = tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-    bv = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-    if USE_G or USE_G_GAMMA or USE_GK:
-        S *= _step_decay(g, g_gamma, gk, row, i_h, o_k, m_k, K, USE_G, USE_G_GAMMA, USE_GK)[:, None]
-    return S + bk[:, None] * bv[None, :]
-
-
-@triton.jit
 def fused_recurrent_fwd_kernel(
-    q, k, v, g, g_gamma, gk, o, h0, ht, cu_seqlens, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    q, k, v, g, g_gamma, gk, readout, h0, ht, checkpoints, cu_seqlens, scale, T, n_rows,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
     USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DQ_MODE: tl.constexpr, STORE_CHECKPOINTS: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
+    """One pass forward in time over ``S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T``.
+
+    Forward: ``readout`` is o and gets ``S_t^T (scale q_t)``. With DQ_MODE (the backward's
+    first pass; ``q`` is then do): ``readout`` is the float32 partial dq
+    (``[NV, B*T, H, K]``, ``n_rows = B*T``) and this V block's slab gets ``scale S_t do_t``;
+    with STORE_CHECKPOINTS it also keeps S before every segment of SEG steps.
+
+    The step is written out in the loop rather than in a helper: under the interpreter a
+    helper call per step costs milliseconds (the interpreter re-patches on every call).
+    """
     i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN)
     m_kv = m_k[:, None] & m_v[None, :]
+    if STORE_CHECKPOINTS:
+        slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG,
+                                 IS_VARLEN)
+    if USE_G_GAMMA:
+        gamma = tl.load(g_gamma + i_h).to(tl.float32)
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + tile, mask=m_kv, other=0.0)
     row = bos * H + i_h  # (token, head) row of the current step
-    for _ in range(T_seq):
-        S = _advance_state(S, k, v, g, g_gamma, gk, row, i_h, o_k, o_v, m_k, m_v, K, V, USE_G, USE_G_GAMMA, USE_GK)
-        bq = tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        tl.store(o + row * V + o_v, (tl.sum(S * bq[:, None], 0) * scale).to(o.dtype.element_ty), mask=m_v)
+    for t in range(T_seq):
+        if STORE_CHECKPOINTS:
+            if t % SEG == 0:
+                tl.store(checkpoints + ((slot0 + t // SEG) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
+                         S, mask=m_kv)
+        bk = tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        bv = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        a = tl.zeros([BK], dtype=tl.float32)
+        if USE_G:
+            a += tl.load(g + row).to(tl.float32)
+        if USE_G_GAMMA:
+            a += gamma
+        if USE_GK:
+            a += tl.load(gk + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        S = S * tl.exp(a)[:, None] + bk[:, None] * bv[None, :]
+        if DQ_MODE:
+            bdo = tl.load(q + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+            tl.store(readout + i_v * n_rows * H * K + row * K + o_k, tl.sum(S * bdo[None, :], 1) * scale, mask=m_k)
+        else:
+            bq = tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            tl.store(readout + row * V + o_v, (tl.sum(S * bq[:, None], 0) * scale).to(readout.dtype.element_ty),
+                     mask=m_v)
         row += H
     if STORE_HT:
         tl.store(ht + tile, S, mask=m_kv)
@@ -133,53 +143,41 @@ def _segment_gates(g, g_gamma, gk, rows, m_s, i_h, o_k, m_k, K: tl.constexpr, US
     """Cumulative log gates ``B^c`` of one segment: [BK, SEG] per channel, else [1, SEG]."""
     if USE_GK:
         a = tl.load(gk + rows[None, :] * K + o_k[:, None], mask=m_k[:, None] & m_s[None, :], other=0.0).to(GATE_DTYPE)
+        B_c = tl.cumsum(a, 1)
     else:
         a = tl.zeros(rows.shape, dtype=GATE_DTYPE)
         if USE_G:
             a += tl.load(g + rows, mask=m_s, other=0.0).to(GATE_DTYPE)
         if USE_G_GAMMA:
             a += tl.where(m_s, tl.load(g_gamma + i_h).to(GATE_DTYPE), 0.0)
-        a = a[None, :]
-    return tl.cumsum(a, 1)
+        # scan in 1-D, then add the unit dim (Triton 3.6 fails to lower a scan over a [1, n] tile)
+        B_c = tl.cumsum(a, 0)[None, :]
+    return B_c
 
 
 @triton.jit
 def fused_recurrent_bwd_kernel(
-    q, k, v, g, g_gamma, gk, do, dq_part, dk_part, dg_part, dv, h0, dht, dh0, checkpoints, cu_seqlens,
-    scale, T, n_rows,
+    q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, n_rows,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
     USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, GATE_GRAD: tl.constexpr,
-    GATE_F64: tl.constexpr, USE_H0: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """Both backward passes for one (sequence, head, V block); see the module docstring.
+    """The backward's second pass (backward in time) for one (sequence, head, V block).
 
-    ``dq_part``/``dk_part`` are float32 ``[NV, B*T, H, K]`` (``n_rows = B*T``) and
-    ``dg_part`` float32 ``[NV, B*T, H(, K)]``: this block's share of dq, dk and dg.
-    ``checkpoints`` holds the state before each segment, in ``state_slots`` rows.
+    ``dk_part`` is float32 ``[NV, B*T, H, K]`` (``n_rows = B*T``) and ``dg_part`` float32
+    ``[NV, B*T, H(, K)]``: this block's share of dk and dg. ``checkpoints`` holds the
+    state before each segment (from the first pass), in ``state_slots`` rows.
     """
     GATED: tl.constexpr = USE_G or USE_G_GAMMA or USE_GK
     GATE_DTYPE: tl.constexpr = tl.float64 if GATE_F64 else tl.float32
     i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN)
     m_kv = m_k[:, None] & m_v[None, :]
     slab = i_v * n_rows * H * K
-    i_n = (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H
     seg_tile = i_h * K * V + o_k[:, None] * V + o_v[None, :]
-    slot0 = first_state_slot(bos, i_n, T, SEG, IS_VARLEN)
-
-    # pass 1: forward in time, dq_t = scale S_t do_t (and the segment checkpoints)
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_H0:
-        S += tl.load(h0 + tile, mask=m_kv, other=0.0)
-    row = bos * H + i_h  # (token, head) row of the current step
-    for t in range(T_seq):
-        if GATE_GRAD:
-            if t % SEG == 0:
-                tl.store(checkpoints + (slot0 + t // SEG) * H * K * V + seg_tile, S, mask=m_kv)
-        S = _advance_state(S, k, v, g, g_gamma, gk, row, i_h, o_k, o_v, m_k, m_v, K, V, USE_G, USE_G_GAMMA, USE_GK)
-        bdo = tl.load(do + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-        tl.store(dq_part + slab + row * K + o_k, tl.sum(S * bdo[None, :], 1) * scale, mask=m_k)
-        row += H
+    slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG, IS_VARLEN)
+    if USE_G_GAMMA:
+        gamma = tl.load(g_gamma + i_h).to(tl.float32)
 
     # pass 2: backward in time, one segment of SEG steps at a time
     dS = tl.zeros([BK, BV], dtype=tl.float32)
@@ -225,7 +223,14 @@ def fused_recurrent_bwd_kernel(
                 else:
                     tl.store(dg_part + i_v * n_rows * H + row, tl.sum(dg_t, 0), mask=valid)
             if GATED:
-                dS *= _step_decay(g, g_gamma, gk, row, i_h, o_k, m_kt, K, USE_G, USE_G_GAMMA, USE_GK, valid)[:, None]
+                a = tl.zeros([BK], dtype=tl.float32)
+                if USE_G:
+                    a += tl.load(g + row, mask=valid, other=0.0).to(tl.float32)
+                if USE_G_GAMMA:
+                    a += tl.where(valid, gamma, 0.0)
+                if USE_GK:
+                    a += tl.load(gk + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
+                dS *= tl.exp(a)[:, None]
     if STORE_DH0:
         tl.store(dh0 + tile, dS, mask=m_kv)
 
@@ -290,11 +295,11 @@ class FusedRecurrentFunction(torch.autograd.Function):
         o = empty(v.shape, v.dtype, v.device)
         final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
         fused_recurrent_fwd_kernel[(N * H * NV,)](
-            q, k, v, g, g_gamma, gk, o, initial_state, final_state, cu_seqlens, scale, T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
+            q, k, v, g, g_gamma, gk, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
+            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
             USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None,
-            USE_H0=initial_state is not None, STORE_HT=final_state is not None, IS_VARLEN=cu_seqlens is not None,
-            num_warps=cfg["num_warps"],
+            USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
+            STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
         )
         ctx.save_for_backward(q, k, v, g, g_gamma, gk, initial_state, cu_seqlens)
         ctx.scale, ctx.N = scale, N
@@ -303,52 +308,64 @@ class FusedRecurrentFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, v, g, g_gamma, gk, initial_state, cu_seqlens = ctx.saved_tensors
-        scale, N = ctx.scale, ctx.N
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, backward=True)
-        NV = cdiv(V, cfg["BV"])
-        do = do.contiguous()
-        if dht is not None:
-            dht = dht.contiguous()
-        gate = gk if gk is not None else g
-        need_dgate = gate is not None and ctx.needs_input_grad[5 if gk is not None else 3]
-        dq_part = empty((NV, B * T, H, K), torch.float32, q.device)
-        dk_part = empty((NV, B * T, H, K), torch.float32, q.device)
-        dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
-        slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
-        checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
-        dv = empty(v.shape, v.dtype, v.device)
+        gate_index = 5 if gk is not None else 3
+        need_dgate = (gk is not None or g is not None) and ctx.needs_input_grad[gate_index]
         need_dh0 = initial_state is not None and ctx.needs_input_grad[7]
-        dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
-        fused_recurrent_bwd_kernel[(N * H * NV,)](
-            q, k, v, g, g_gamma, gk, do, dq_part, dk_part, dg_part, dv, initial_state, dht, dh0, checkpoints,
-            cu_seqlens, scale, T, B * T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
-            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, GATE_GRAD=need_dgate,
-            GATE_F64=q.dtype == torch.float32, USE_H0=initial_state is not None, USE_DHT=dht is not None,
-            STORE_DH0=need_dh0, IS_VARLEN=cu_seqlens is not None,
-            PRECISION="tf32x3", num_warps=cfg["num_warps"],
-        )
-
-        dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
-        dgate = empty(gate.shape, gate.dtype, gate.device) if need_dgate else None
-        n_rows = B * T * H
-        BR = max(16, 4096 // cfg["BK"])
-        if n_rows > 0:
-            fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
-                dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
-                K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
-            )
+        dq, dk, dv, dgate, dh0 = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
+                                                    ctx.scale, ctx.N, need_dgate, need_dh0)
         dg = dgate if gk is None else None
         dgk = dgate if gk is not None else None
         return dq, dk, dv, dg, None, dgk, None, dh0, None, None, None
 
 
+def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens, scale, N, need_dgate, need_dh0):
+    """dq, dk, dv, d(gate) and d(initial_state) of the recurrence, by the fused backward
+    (module docstring); the gate is gk if given, else g (+ g_gamma, which gets no gradient)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    cfg = _configs(K, V, backward=True)
+    NV = cdiv(V, cfg["BV"])
+    do = do.contiguous()
+    if dht is not None:
+        dht = dht.contiguous()
+    gate = gk if gk is not None else g
+    dq_part = empty((NV, B * T, H, K), torch.float32, q.device)
+    dk_part = empty((NV, B * T, H, K), torch.float32, q.device)
+    dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
+    slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
+    checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
+    dv = empty(v.shape, v.dtype, v.device)
+    dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
+    gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None)
+    fused_recurrent_fwd_kernel[(N * H * NV,)](
+        do, k, v, g, g_gamma, gk, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
+        USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+    )
+    fused_recurrent_bwd_kernel[(N * H * NV,)](
+        q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
+        GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"],
+    )
+
+    dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
+    dgate = empty(gate.shape, gate.dtype, gate.device) if need_dgate else None
+    n_rows = B * T * H
+    BR = max(16, 4096 // cfg["BK"])
+    if n_rows > 0:
+        fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
+            dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
+            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
+        )
+    return dq, dk, dv, dgate, dh0
+
+
 def _fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens,
-                     cu_seqlens_cpu):
-    shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, scale=scale,
-                                initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+                     cu_seqlens_cpu, gk_name="gk"):
+    shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, scale=scale, initial_state=initial_state,
+                                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, gk_name=gk_name)
     q, k, v, g, g_gamma, gk, initial_state = (
         None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, gk, initial_state)
     )
@@ -385,4 +402,4 @@ def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final
     if g is None:
         raise TypeError("fused_recurrent_gla: `g` must be a torch.Tensor [B, T, H, K], got None")
     return _fused_recurrent("fused_recurrent_gla", q, k, v, None, None, g, scale, initial_state,
-                            output_final_state, cu_seqlens, cu_seqlens_cpu)
+                            output_final_state, cu_seqlens, cu_seqlens_cpu, gk_name="g")

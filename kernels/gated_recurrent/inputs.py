@@ -44,6 +44,7 @@ def check_gated_inputs(
     initial_state=None,
     cu_seqlens=None,
     cu_seqlens_cpu=None,
+    gk_name: str = "gk",
 ) -> GatedInputs:
     """Validate the arguments of a gated linear recurrence; see OPS.md for the layouts.
 
@@ -54,14 +55,15 @@ def check_gated_inputs(
     for name, t in (("q", q), ("k", k), ("v", v)):
         val.check_tensor(op, name, t)
     val.check_same_dtype(op, q=q, k=k, v=v)
-    for name, t in (("g", g), ("g_gamma", g_gamma), ("gk", gk)):
+    for name, t in (("g", g), ("g_gamma", g_gamma), (gk_name, gk)):
         if t is not None:
             val.check_tensor(op, name, t)
     if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
         raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
-    device = val.check_devices(
-        op, q=q, k=k, v=v, g=g, g_gamma=g_gamma, gk=gk, initial_state=initial_state, cu_seqlens=cu_seqlens
-    )
+    # later pairs win: for gla the per-channel gate takes the name `g` of the (absent) scalar one
+    tensors = dict([("q", q), ("k", k), ("v", v), ("g", g), ("g_gamma", g_gamma), (gk_name, gk),
+                    ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)])
+    device = val.check_devices(op, **tensors)
 
     val.check_ndim(op, "q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
@@ -74,7 +76,7 @@ def check_gated_inputs(
     if g_gamma is not None:
         val.check_shape(op, "g_gamma", g_gamma, (H,), "[H]")
     if gk is not None:
-        val.check_shape(op, "gk", gk, (B, T, H, K), "[B, T, H, K]")
+        val.check_shape(op, gk_name, gk, (B, T, H, K), "[B, T, H, K]")
     val.check_range(op, "key head dim K (q.shape[-1])", K, MIN_HEAD_DIM, MAX_HEAD_DIM)
     val.check_range(op, "value head dim V (v.shape[-1])", V, MIN_HEAD_DIM, MAX_HEAD_DIM)
 

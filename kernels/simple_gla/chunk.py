@@ -49,7 +49,9 @@ Kernels and launches:
   ``q H_c`` and the masked intra-chunk attention as tensor-core ``tl.dot``.
 * ``chunk_grad_kernel``: one program per (chunk, head): dq, dk, dv and dg.
 
-Forward: 2 launches. Backward: 2 launches. The per-chunk states from the
+Forward: 2 launches. Backward: 2 launches. Where the gradient kernel does not fit the
+target's shared memory (sm75; float32 with K > 128 on sm86/89/120; K > 128 on sm100) the
+backward is the fused-recurrent one (``gated_recurrent.fused_recurrent``): exact, slower. The per-chunk states from the
 forward are kept for the backward (memory ``N * ceil(T/64) * H * K * V`` elements in the
 input dtype) rather than recomputed.
 
@@ -69,10 +71,29 @@ import triton.language as tl
 
 from .. import _arch
 from .._utils import block_size, cdiv, chunk_map, empty
+from ..gated_recurrent.fused_recurrent import recurrent_backward
 from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
 
 CHUNK_SIZE = 64
+# Where the chunk gradient kernel does not fit, gradients come from the fused-recurrent
+# backward instead (registers only; exact, but sequential in T). The kernel keeps q and k
+# [64, K] as dot operands; by offline compile it needs 131072 bytes for float32 at
+# K = 256 (over sm86/89/120's 101376), and on sm75 (65536, no bf16 tensor cores) 122880
+# bytes already at K = 128: sm75 always takes the fused backward.
+FP32_WIDE_K_SMEM = 140 * 1024
+SMALL_SMEM = 96 * 1024
+
+
+def _chunk_grad_fits(K: int, dtype) -> bool:
+    smem = _arch.shared_memory_limit()
+    if smem < SMALL_SMEM:
+        return False
+    if _arch.target_arch() >= 100 and K > 128:
+        # sm100's tensor-core path stages more: 237648 bytes for bf16 at K = 256 even with
+        # the sm90 config, 393224 for fp32 (offline compile); K > 128 takes the fused backward
+        return False
+    return not (dtype == torch.float32 and K > 128 and smem < FP32_WIDE_K_SMEM)
 
 
 @triton.jit
@@ -235,17 +256,22 @@ def chunk_output_kernel(
 
 
 @triton.jit
-def _chunk_gate_grad(qb, kb, AT, dA_raw, dq_inter_raw, dk_inter_raw, hdh, b, b_last, scale, k_decay):
+def _chunk_gate_grad(qb, kb, dA_raw, dq_inter_raw, dk_inter_raw, hdh, b, b_last, scale, k_decay,
+                     PRECISION: tl.constexpr):
     """``dg_t = e^{g_t} <S_{t-1}, dS_t>`` for the chunk's tokens (module docstring).
 
-    ``AT`` is the scaled, decayed, masked ``A^T`` in fp32; ``dA_raw = do v^T``;
-    ``dq_inter_raw = do H_c^T`` and ``dk_inter_raw = v dH_{c+1}^T`` before their decays.
+    ``dA_raw = do v^T``; ``dq_inter_raw = do H_c^T`` and ``dk_inter_raw = v dH_{c+1}^T``
+    before their decays; ``hdh = <H_c, dH_{c+1}>``. The attention matrix is recomputed
+    here rather than kept from before the V loop: holding it across the loop made the
+    kernel spill registers.
     """
-    o_t = tl.arange(0, AT.shape[0])
+    o_t = tl.arange(0, dA_raw.shape[0])
     x = tl.sum(qb.to(tl.float32) * dq_inter_raw, 1) * scale * tl.exp(b.to(tl.float32))
     y = tl.sum(kb.to(tl.float32) * dk_inter_raw, 1) * k_decay
     # M[u, s] = A_us (do_u . v_s) for s < u; a token t collects the pairs s < t <= u
-    M = tl.where(o_t[:, None] > o_t[None, :], tl.trans(AT) * dA_raw, 0.0)
+    strict = o_t[:, None] > o_t[None, :]
+    A = tl.dot(qb, tl.trans(kb), input_precision=PRECISION)
+    M = A * dA_raw * scale * tl.exp(tl.where(strict, (b[:, None] - b[None, :]).to(tl.float32), float("-inf")))
     before_t = tl.cumsum(M, 1) - M  # [u, t] -> sum_{s < t} M[u, s]
     crossing = tl.sum(tl.where(o_t[:, None] >= o_t[None, :], before_t, 0.0), 0)
     return tl.exp(b_last.to(tl.float32)) * hdh + tl.cumsum(x, 0, reverse=True) + (tl.cumsum(y, 0) - y) + crossing
@@ -291,7 +317,6 @@ def chunk_grad_kernel(
     else:
         AT = tl.where(anti_causal, AT, 0.0)
         k_dec = kb
-    AT32 = AT
     AT = AT.to(kb.dtype)
 
     hdh = tl.zeros([BK], dtype=tl.float32)  # <H_c, dH_{c+1}>, summed over K at the end
@@ -320,7 +345,7 @@ def chunk_grad_kernel(
 
     causal = o_t[:, None] >= o_t[None, :]
     if STORE_DG:
-        dg_chunk = _chunk_gate_grad(qb, kb, AT32, dA, dq_acc, dk_acc, tl.sum(hdh, 0), b, b_last, scale, k_decay)
+        dg_chunk = _chunk_gate_grad(qb, kb, dA, dq_acc, dk_acc, tl.sum(hdh, 0), b, b_last, scale, k_decay, PRECISION)
         tl.store(dg + t * H + i_h, dg_chunk.to(dg.dtype.element_ty), mask=m_t)
     if USE_G or USE_G_GAMMA:
         dA *= scale * tl.exp(tl.where(causal, (b[:, None] - b[None, :]).to(tl.float32), float("-inf")))
@@ -341,13 +366,13 @@ def _precision(dtype) -> str:
     return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
-def _configs(K: int, V: int, dtype) -> dict:
+def _configs(K: int, V: int, dtype, gated: bool = True) -> dict:
     """Block sizes, warps and stages per kernel, from the target arch's shared-memory budget.
 
     Timed on an H200 (bf16, B=4 T=4096 H=16 K=V=128): state pass 0.092 ms at BK=BV=64,
     4 warps, 3 stages (2 stages: 0.122; BV=32: 0.112); output 0.120 ms at BK=64, BV=128,
-    4 warps, 3 stages (BK=128: 0.20); gradient 0.466 ms at BV=64, 8 warps, 3 stages
-    (2 stages: 0.506; BV=32: 0.61). Shared memory, by offline compile, stays within every
+    4 warps, 3 stages (BK=128: 0.20); gradient with dg 0.46 ms at BV=64, 8 warps, 3 stages
+    (2 stages: 0.506; BV=32: 0.54; 4 warps: 0.79), without dg 0.33 ms. Shared memory, by offline compile, stays within every
     arch's limit at K = V = 64..256 (sm86/89 take smaller V blocks for K = 256).
     """
     big_smem = _arch.shared_memory_limit() >= 160 * 1024
@@ -361,8 +386,10 @@ def _configs(K: int, V: int, dtype) -> dict:
         "output": dict(BK=min(BKf, 64), BV=min(block_size(V), 128 if fast else 64), num_warps=4,
                        num_stages=3 if fast else 2),
         # gradients: the whole K per program, V in blocks
-        "grad": dict(BK=BKf, BV=min(block_size(V), 64 if (BKf <= 128 and fast) else 16 if (BKf > 128 and not big_smem) else 32),
-                     num_warps=8 if BKf >= 128 else 4, num_stages=3 if fast else (2 if big_smem else 1)),
+        # gradients: the whole K per program, V in blocks; without a gate the kernel is
+        # lighter and runs best with 4 warps and narrower V blocks (0.198 vs 0.280 ms)
+        "grad": dict(BK=BKf, BV=min(block_size(V), 64 if (BKf <= 128 and fast and gated) else 16 if (BKf > 128 and not big_smem) else 32),
+                     num_warps=8 if (BKf >= 128 and (gated or BKf > 128)) else 4, num_stages=3 if fast else (2 if big_smem else 1)),
     }
 
 
@@ -418,10 +445,15 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         scale, offsets_host, N = ctx.scale, ctx.offsets_host, ctx.N
         B, T, H, K = q.shape
         V = v.shape[-1]
-        cfg = _configs(K, V, q.dtype)
+        cfg = _configs(K, V, q.dtype, gated=g is not None or g_gamma is not None)
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
+        if not _chunk_grad_fits(K, q.dtype):
+            dq, dk, dv, dg, dh0 = recurrent_backward(
+                q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N,
+                g is not None and ctx.needs_input_grad[3], initial_state is not None and ctx.needs_input_grad[6])
+            return dq, dk, dv, dg, None, None, dh0, None, None, None, None
         dstates = empty(states.shape, q.dtype, q.device)
         need_dh0 = initial_state is not None and ctx.needs_input_grad[6]
         dh0 = empty((N, H, K, V), torch.float32, q.device) if need_dh0 else None

@@ -9,7 +9,10 @@ from ..spec import OpSpec
 # Families in the order they appear in reports.
 FAMILY_MODULES = (
     "simple_gla",
+    "gla",
+    "modules",
     "delta_rule",
+    "delta_rule_recurrent",
 )
 
 

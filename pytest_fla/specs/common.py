@@ -122,7 +122,7 @@ def linear_attention_spec(
         chunk_size=chunk_size,
         agrees_with=agrees_with,
         compile_cases=compile_cases,
-        huge_grid=HUGE_GRID_DIMS,
+        huge_grid=fields.pop("huge_grid", HUGE_GRID_DIMS),
         args=args,
         **fields,
     )

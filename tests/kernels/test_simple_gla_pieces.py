@@ -147,3 +147,17 @@ def test_head_dim_range_in_error():
         chunk_simple_gla(q, q, v)
     with pytest.raises(ValueError, match=r"V.*300.*1\.\.256"):
         fused_recurrent_simple_gla(v, v, q)
+
+
+def test_fp32_wide_keys_on_small_shared_memory_archs(monkeypatch):
+    """On archs with ~100 KB of shared memory (sm86/89) the chunk gradient kernel cannot
+    hold float32 q and k at K = 256; that configuration takes its gradients from the
+    fused-recurrent backward, and they must still match the reference."""
+    monkeypatch.setenv("FLA_TARGET_ARCH", "sm86")
+    q, k, v, g = _inputs(1, 20, 1, 256, 16, 8.0, seed=6)
+    (_, _), grads, (do, dht) = _grads(chunk_simple_gla, q, k, v, g, seed=6)
+    ref = [t.detach().double().cpu().requires_grad_() for t in (q, k, v, g)]
+    ro, rht = reference.simple_gla(*ref[:3], g=ref[3], output_final_state=True)
+    rgrads = torch.autograd.grad((ro * do.double().cpu()).sum() + (rht * dht.double().cpu()).sum(), ref)
+    for grad, rgrad in zip(grads, rgrads):
+        assert _rel(grad.cpu(), rgrad) < 1e-5

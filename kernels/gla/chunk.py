@@ -1,0 +1,711 @@
+"""Chunked gated linear attention (GLA): ``chunk_gla``, forward and backward in Triton.
+
+The recurrence (per head; ``g`` in log space, one gate per key channel)::
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T          S: [K, V], S_0 = initial_state
+    o_t = S_t^T (scale * q_t)
+
+Notation
+--------
+Time is cut into chunks of ``BT = 64`` tokens (the last chunk of a sequence may be
+shorter: its missing rows are loaded as ``q = k = v = g = 0``). Inside a chunk, with rows
+``i, j = 0 .. BT-1``, ``G_i = sum_{t <= i} g_t`` is the inclusive cumulative gate (per
+channel, restarting at every chunk), ``L`` the last row (``G_L`` is the gate of the whole
+chunk, padded rows add 0) and ``h`` the state entering the chunk. Unrolling the
+recurrence over one chunk::
+
+    S_i = diag(e^{G_i}) h + sum_{j <= i} diag(e^{G_i - G_j}) k_j v_j^T
+
+so, with ``A_ij = scale * sum_c q_ic k_jc e^{G_ic - G_jc}`` for ``j <= i`` (0 above)::
+
+    o    = q_in h + A v,                  q_in  = scale q ⊙ e^{G}            (output)
+    h'   = diag(e^{G_L}) h + k_out^T v,   k_out = k ⊙ e^{G_L - G}            (next state)
+
+Every exponent is ``<= 0`` (``G`` is non-increasing in time), so no ``exp`` overflows
+however strong the decay; what underflows to 0 is below fp32's range anyway.
+``G_L - G_j`` is computed as the sum ``sum_{t > j} g_t`` itself, never as a difference of
+cumulative sums, which would carry an absolute error of ``|G| 2^-24`` (``4e-4`` at
+``|G| ~ 6000``, strong decay) into a factor that may be close to 1.
+
+The intra-chunk scores ``A``: secondary chunking, all the way down
+------------------------------------------------------------------
+``A`` is not a plain matmul (the gate differs per channel), and the textbook
+factorisation ``(q ⊙ e^{G}) (k ⊙ e^{-G})^T`` overflows (``e^{-G}`` reaches ``e^{+6000}``
+at ``g = logsigmoid(x) / 0.01``). For ``j`` and ``i`` in different sub-chunks, a reference
+row ``e`` between them (``j <= e < i``) splits the factor into two that are each ``<= 1``::
+
+    e^{G_i - G_j} = e^{G_i - G_e} e^{G_e - G_j}
+
+and ``A`` restricted to those pairs is a tensor-core ``tl.dot`` of
+``(q ⊙ e^{G - G_e})`` and ``(k ⊙ e^{G_e - G})``. Applied recursively (sub-chunks of 32,
+16, ..., 1 rows) this covers every pair with ``i > j``, so the diagonal blocks need no
+elementwise loop: at *level* ``l = 0 .. 5`` the rows form aligned blocks of ``s = 2**l``;
+level ``l`` owns the pairs with ``i`` in the right and ``j`` in the left block of the same
+aligned ``2 s`` block, and its reference row ``e`` is the left block's last row. Every
+pair ``i > j`` belongs to exactly one level (the highest bit where ``i`` and ``j``
+differ), and the diagonal ``i = j`` is ``q_i . k_i`` (``e^0 = 1``). Per level::
+
+    A += mask_l ⊙ dot(q ⊙ e^{L} ⊙ [i right], (k ⊙ e^{R} ⊙ [j left])^T)
+
+with ``L_i = G_i - G_e = sum of g over i's block up to i`` and ``R_j = G_e - G_j =
+sum of g over j's block after j``. These block sums are built level by level without
+any subtraction: merging a block with its sibling adds the sibling's total (``L`` at the
+sibling's last row, a ``tl.gather``) to ``L`` of a right block and to ``R`` of a left
+block. Each factor is then a sum of same-sign terms, accurate to a few ulps at any
+decay, and after the last merge ``L = G`` and ``R = G_L - G``: the operands of the state
+pass come out of the same recursion. (The brief's two-level form, 16-row sub-chunks with
+an elementwise loop over the 16 columns of each diagonal block, is the special case that
+stops the recursion at 16; a 16-step loop per chunk is latency-bound on a GPU, while
+six levels are six independent tensor-core products.)
+
+Backward
+--------
+With ``dS`` the gradient of the loss w.r.t. a state, define per chunk ``dh`` = the
+gradient reaching the chunk's *last* state from the future (later outputs and the final
+state): ``dh = dht`` (the final state's gradient, or 0) for the last chunk of a sequence,
+and going back one chunk::
+
+    dh_prev = diag(e^{G_L}) dh + q_in^T do
+
+after the first chunk this is the gradient of ``initial_state``. With
+``dA = scale * tril(do v^T)`` (the gradient of ``A`` times ``scale``)::
+
+    dv = k_out dh + A^T do
+    dq = scale e^{G} ⊙ (do h^T) + [dq_ic = sum_{j <= i} dA_ij k_jc e^{G_ic - G_jc}]
+    dk = e^{G_L - G} ⊙ (v dh^T) + [dk_jc = sum_{i >= j} dA_ij q_ic e^{G_ic - G_jc}]
+
+The bracketed intra-chunk terms use the same levels: with ``dA_l = mask_l ⊙ dA``,
+``dq += [i right] e^{L} ⊙ dot(dA_l, k ⊙ e^{R} ⊙ [j left])`` and
+``dk += [j left] e^{R} ⊙ dot(dA_l^T, q ⊙ e^{L} ⊙ [i right])``, plus the diagonal terms
+``dA_ii k_i`` and ``dA_ii q_i``.
+
+Gate gradient (the cumulative-gate identity). The loss depends on ``g`` only through the
+sequence-wide cumulative gates ``Γ_t = sum_{s <= t} g_s``, so
+``dg_s = sum_{t >= s} ∂L/∂Γ_t`` (a reverse cumsum). ``Γ_t`` enters as ``e^{+Γ_t}`` next to
+``q_t`` and as ``e^{-Γ_t}`` next to ``k_t``, and the final state carries ``e^{Γ_T}``, so::
+
+    ∂L/∂Γ_t = q_t ⊙ dq_t - k_t ⊙ dk_t   (+ sum_v S_T ⊙ dht  at t = T)
+
+Inside a chunk the reverse cumsum is local; what the tokens after the chunk add is the
+sensitivity to scaling the chunk's last state ``h'`` on its way out, ``sum_v h' ⊙ dh``.
+With ``h' = e^{G_L} h + k_out^T v`` that is computable from the chunk alone::
+
+    carry = e^{G_L} ⊙ sum_v (h ⊙ dh) + sum_t k_t ⊙ dk_inter_t,   dk_inter = e^{G_L - G} ⊙ (v dh^T)
+    dg_s  = sum_{t >= s in chunk} (q ⊙ dq - k ⊙ dk)_t + carry
+
+(for the last chunk ``dh = dht`` makes ``carry`` the final-state term), so ``dg`` needs no
+pass across chunks. Two rearrangements keep it accurate where ``e^{g}`` underflows and
+the true ``dg`` is tiny next to ``q ⊙ dq``:
+
+* the diagonal terms ``q_i dA_ii k_i`` appear in both ``q ⊙ dq`` and ``k ⊙ dk`` and
+  cancel exactly, so they are left out of ``dg`` (and added to ``dq``, ``dk`` after);
+* ``sum_{t >= s} k_t dk_inter_t`` cancels against the same sum in ``carry``, leaving
+  ``sum_{t < s} k_t dk_inter_t``, a strict prefix sum computed as a triangular matmul, so
+  no large term (the last row's, with factor ``e^0``) is added and taken away::
+
+    dg_s = sum_{t >= s} (q ⊙ dq' - k ⊙ dk_intra')_t + sum_{t < s} (k ⊙ dk_inter)_t
+           + e^{G_L} ⊙ sum_v (h ⊙ dh)            (' : without the diagonal terms)
+
+Kernels and launches
+--------------------
+Forward, 2 launches:
+
+1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
+   blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
+   ``e^{G_L}`` (fp32, per chunk) for the state pass.
+2. ``_states_fwd``: grid ``(N * H * cdiv(V, BV),)``; one program per sequence, head and
+   block of value channels walks its chunks in order, keeping the ``[K, BV]`` fp32 state
+   in registers: nothing but tensor-core products and the decay, with the chunk loads
+   multi-buffered. Writes the output, the final state and (for training) the
+   chunk-entry states ``h`` in ``q``'s dtype.
+
+Backward, 2 launches (``A``, ``q_in``, ``k_out``, ``e^{G_L}`` and ``h`` saved from the
+forward):
+
+3. ``_states_dv_bwd``: grid ``(N * H * cdiv(V, BV),)``; walks the chunks backwards keeping
+   ``dh`` in registers: ``dv``, the per-chunk ``dh`` (``q``'s dtype), and the initial
+   state's gradient.
+4. ``_qkg_bwd``: grid ``(chunks * H, cdiv(K, BK))``; per chunk and block of key channels:
+   ``dA``, ``do h^T``, ``v dh^T`` (loop over ``V``), then the levels: ``dq``, ``dk``, ``dg``.
+
+Grids put the large products on axis 0; offsets are 64-bit (a 64-bit base per tile,
+32-bit offsets inside it). Configs come from the target arch (``_configs``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _arch, _utils, _validate
+
+OP = "chunk_gla"
+BT = 64  # chunk length
+LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition
+MAX_HEAD_DIM = 256
+
+
+# --------------------------------------------------------------------------------------
+# Indexing helpers
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """First token (int64) and number of valid rows of chunk ``i_chunk`` (of all sequences)."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_map + i_chunk.to(tl.int64) * 2)
+        i_c = tl.load(chunk_map + i_chunk.to(tl.int64) * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_n = (i_chunk // NT).to(tl.int64)
+        i_c = (i_chunk % NT).to(tl.int64)
+        bos = i_n * T
+        eos = bos + T
+    t0 = bos + i_c * BT
+    return t0, tl.minimum(eos - t0, BT).to(tl.int32)
+
+
+@triton.jit
+def _sequence(cu_seqlens, chunk_offsets, i_n, T, NT, IS_VARLEN: tl.constexpr):
+    """First token, length and first global chunk index of sequence ``i_n`` (all int64)."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        c0 = i_n.to(tl.int64) * NT
+    return bos, eos - bos, c0
+
+
+# Tiles are addressed as a 64-bit base pointer (first row of the tile) plus 32-bit offsets
+# inside the tile: 64-bit safe, and light on registers in the loops.
+
+
+@triton.jit
+def _tile(ptr, nrows, row_stride: tl.constexpr, col0, ncols: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """Pointers and mask of a ``[BR, BD]`` tile: rows ``< nrows``, columns ``col0 .. < ncols``."""
+    r = tl.arange(0, BR)[:, None]
+    c = col0 + tl.arange(0, BD)[None, :]
+    return ptr + r * row_stride + c, (r < nrows) & (c < ncols)
+
+
+@triton.jit
+def _load_rows(ptr, nrows, row_stride: tl.constexpr, col0, ncols: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+    """``[BR, BD]`` tile as fp32, zero outside."""
+    p, m = _tile(ptr, nrows, row_stride, col0, ncols, BR, BD)
+    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.constexpr, BV: tl.constexpr):
+    """Pointers and mask of the ``[BK, BV]`` block at (k0, v0) of state ``i_state`` ([K, V])."""
+    return _tile(ptr + i_state.to(tl.int64) * (K * V) + k0 * V, K - k0, V, v0, V, BK, BV)
+
+
+@triton.jit
+def _right_half(level: tl.constexpr, BT: tl.constexpr):
+    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
+    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
+
+
+@triton.jit
+def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """In-block gate sums at ``level + 1`` from those at ``level``.
+
+    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
+    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
+    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
+    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
+    value stays a sum of same-sign terms: no cancellation, however large the decay.
+    """
+    s: tl.constexpr = 1 << level
+    rows = tl.arange(0, BT)[:, None]
+    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
+    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
+    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def _level_pairs(level: tl.constexpr, BT: tl.constexpr):
+    """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
+    j in the first half of the same block of ``2 * 2**level`` rows."""
+    s: tl.constexpr = 1 << level
+    bi = tl.arange(0, BT)[:, None] // s
+    bj = tl.arange(0, BT)[None, :] // s
+    return (bi - bj == 1) & (bj % 2 == 0)
+
+
+# --------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _intra_fwd(
+    q, k, g, A, q_in, k_out, decay, cu_seqlens, chunk_map, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """Per chunk: ``A``, and the gate-scaled operands of the state pass."""
+    pid = tl.program_id(0)
+    i_chunk = pid // H
+    i_h = pid % H
+    t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
+    row0 = t0 * H + i_h  # flat (token, head) row of the chunk's first token
+    q += row0 * K
+    k += row0 * K
+    g += row0 * K
+    q_in += row0 * K
+    k_out += row0 * K
+    A += row0 * BT
+    decay += (i_chunk.to(tl.int64) * H + i_h) * K
+    rows = tl.arange(0, BT)[:, None]
+    cols = tl.arange(0, BT)[None, :]
+
+    a = tl.zeros([BT, BT], dtype=tl.float32)
+    qk_self = tl.zeros([BT], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
+        b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
+        b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
+        # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
+        # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
+        L = b_g
+        R = tl.zeros([BT, BK], dtype=tl.float32)
+        for level in tl.static_range(LEVELS):
+            right = _right_half(level, BT)
+            factor = tl.exp(tl.where(right, L, R))
+            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+            a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            L, R = _next_level_sums(L, R, right, level, BT, BK)
+        # One block per chunk: L = G (the cumulative gate), R = G_L - G.
+        kvec = k0 + tl.arange(0, BK)
+        tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
+        p_q, m_q = _tile(q_in, nrows, H * K, k0, K, BT, BK)
+        tl.store(p_q, (b_q * tl.exp(L) * scale).to(q_in.dtype.element_ty), mask=m_q)
+        p_k, m_k = _tile(k_out, nrows, H * K, k0, K, BT, BK)
+        tl.store(p_k, (b_k * tl.exp(R)).to(k_out.dtype.element_ty), mask=m_k)
+        qk_self += tl.sum(b_q * b_k, axis=1)
+
+    a = tl.where(rows == cols, qk_self[:, None], a) * scale
+    p_a, m_a = _tile(A, nrows, H * BT, 0, BT, BT, BT)
+    tl.store(p_a, a.to(A.dtype.element_ty), mask=m_a)
+
+
+@triton.jit
+def _states_fwd(
+    q_in, k_out, v, decay, A, h0, o, h_chunks, ht, cu_seqlens, chunk_offsets, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    STORE_H_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """Walk one sequence's chunks in order: o = q_in h + A v, h <- decay h + k_out^T v."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = triton.cdiv(V, BV)
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, seqlen, c0 = _sequence(cu_seqlens, chunk_offsets, i_n, T, NT, IS_VARLEN)
+    v0 = i_v * BV
+    kvec = tl.arange(0, BK)
+
+    h = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        p_h0, m_h0 = _state_tile(h0, i_nh, K, V, 0, v0, BK, BV)
+        h = tl.load(p_h0, mask=m_h0, other=0.0)
+    for c in range(0, tl.cdiv(seqlen, BT).to(tl.int32)):
+        row0 = (bos + c * BT) * H + i_h
+        nrows = tl.minimum(seqlen - c * BT, BT).to(tl.int32)
+        i_state = (c0 + c) * H + i_h
+        p_q, m_q = _tile(q_in + row0 * K, nrows, H * K, 0, K, BT, BK)
+        b_q = tl.load(p_q, mask=m_q, other=0.0).to(DOT)
+        p_k, m_k = _tile(k_out + row0 * K, nrows, H * K, 0, K, BT, BK)
+        b_k = tl.load(p_k, mask=m_k, other=0.0).to(DOT)
+        p_v, m_v = _tile(v + row0 * V, nrows, H * V, v0, V, BT, BV)
+        b_v = tl.load(p_v, mask=m_v, other=0.0).to(DOT)
+        p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+        b_a = tl.load(p_a, mask=m_a, other=0.0).to(DOT)
+        b_decay = tl.load(decay + i_state * K + kvec, mask=kvec < K, other=0.0)
+        if STORE_H_CHUNKS:
+            p_h, m_h = _state_tile(h_chunks, i_state, K, V, 0, v0, BK, BV)
+            tl.store(p_h, h.to(h_chunks.dtype.element_ty), mask=m_h)
+        b_o = tl.dot(b_q, h.to(DOT), input_precision=PREC)
+        b_o = tl.dot(b_a, b_v, b_o, input_precision=PREC)
+        p_o, m_o = _tile(o + row0 * V, nrows, H * V, v0, V, BT, BV)
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_o)
+        h = tl.dot(tl.trans(b_k), b_v, h * b_decay[:, None], input_precision=PREC)
+    if STORE_HT:
+        p_ht, m_ht = _state_tile(ht, i_nh, K, V, 0, v0, BK, BV)
+        tl.store(p_ht, h, mask=m_ht)
+
+
+# --------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _states_dv_bwd(
+    q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, cu_seqlens, chunk_offsets, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """Walk one sequence's chunks backwards: dv = k_out dh + A^T do, dh <- decay dh + q_in^T do."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = triton.cdiv(V, BV)
+    i_v = pid % NV
+    i_nh = pid // NV
+    i_n = i_nh // H
+    i_h = i_nh % H
+    bos, seqlen, c0 = _sequence(cu_seqlens, chunk_offsets, i_n, T, NT, IS_VARLEN)
+    v0 = i_v * BV
+    kvec = tl.arange(0, BK)
+
+    dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        p_dht, m_dht = _state_tile(dht, i_nh, K, V, 0, v0, BK, BV)
+        dh = tl.load(p_dht, mask=m_dht, other=0.0)
+    n_chunks = tl.cdiv(seqlen, BT)
+    for cc in range(0, n_chunks):
+        c = n_chunks - 1 - cc
+        row0 = (bos + c * BT) * H + i_h
+        nrows = tl.minimum(seqlen - c * BT, BT).to(tl.int32)
+        i_state = (c0 + c) * H + i_h
+        p_q, m_q = _tile(q_in + row0 * K, nrows, H * K, 0, K, BT, BK)
+        b_q = tl.load(p_q, mask=m_q, other=0.0).to(DOT)
+        p_k, m_k = _tile(k_out + row0 * K, nrows, H * K, 0, K, BT, BK)
+        b_k = tl.load(p_k, mask=m_k, other=0.0).to(DOT)
+        p_do, m_do = _tile(do + row0 * V, nrows, H * V, v0, V, BT, BV)
+        b_do = tl.load(p_do, mask=m_do, other=0.0).to(DOT)
+        p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+        b_a = tl.load(p_a, mask=m_a, other=0.0).to(DOT)
+        b_decay = tl.load(decay + i_state * K + kvec, mask=kvec < K, other=0.0)
+        p_dh, m_dh = _state_tile(dh_chunks, i_state, K, V, 0, v0, BK, BV)
+        tl.store(p_dh, dh.to(dh_chunks.dtype.element_ty), mask=m_dh)
+        b_dv = tl.dot(b_k, dh.to(DOT), input_precision=PREC)
+        b_dv = tl.dot(tl.trans(b_a), b_do, b_dv, input_precision=PREC)
+        p_dv, m_dv = _tile(dv + row0 * V, nrows, H * V, v0, V, BT, BV)
+        tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_dv)
+        dh = tl.dot(tl.trans(b_q), b_do, dh * b_decay[:, None], input_precision=PREC)
+    if STORE_DH0:
+        p_dh0, m_dh0 = _state_tile(dh0, i_nh, K, V, 0, v0, BK, BV)
+        tl.store(p_dh0, dh, mask=m_dh0)
+
+
+@triton.jit
+def _qkg_bwd(
+    q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, cu_seqlens, chunk_map, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """Per chunk and block of key channels: dq, dk, dg."""
+    pid = tl.program_id(0)
+    i_chunk = pid // H
+    i_h = pid % H
+    k0 = tl.program_id(1) * BK
+    t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
+    row0 = t0 * H + i_h
+    q += row0 * K
+    k += row0 * K
+    g += row0 * K
+    v += row0 * V
+    do += row0 * V
+    i_state = i_chunk * H + i_h
+    rows = tl.arange(0, BT)[:, None]
+    cols = tl.arange(0, BT)[None, :]
+
+    # Contractions over V: dA = do v^T, do h^T, v dh^T.
+    d_a = tl.zeros([BT, BT], dtype=tl.float32)
+    dq_inter = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_inter = tl.zeros([BT, BK], dtype=tl.float32)
+    h_dh = tl.zeros([BK], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        b_do = _load_rows(do, nrows, H * V, v0, V, BT, BV).to(DOT)
+        b_v = _load_rows(v, nrows, H * V, v0, V, BT, BV).to(DOT)
+        p_h, m_h = _state_tile(h_chunks, i_state, K, V, k0, v0, BK, BV)
+        b_h = tl.load(p_h, mask=m_h, other=0.0)
+        p_dh, m_dh = _state_tile(dh_chunks, i_state, K, V, k0, v0, BK, BV)
+        b_dh = tl.load(p_dh, mask=m_dh, other=0.0)
+        d_a = tl.dot(b_do, tl.trans(b_v), d_a, input_precision=PREC)
+        dq_inter = tl.dot(b_do, tl.trans(b_h.to(DOT)), dq_inter, input_precision=PREC)
+        dk_inter = tl.dot(b_v, tl.trans(b_dh.to(DOT)), dk_inter, input_precision=PREC)
+        h_dh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    d_a = d_a * scale
+    d_a_self = tl.sum(tl.where(rows == cols, d_a, 0.0), axis=1)
+
+    b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
+    b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
+    b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
+
+    # Pairs i > j, level by level, as in the forward. The i = j terms (dA_ii k_i in dq_i,
+    # dA_ii q_i in dk_i) are added last: they cancel exactly in q dq - k dk, and summing
+    # them first would leave their rounding error in dg.
+    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    L = b_g
+    R = tl.zeros([BT, BK], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        right = _right_half(level, BT)
+        factor = tl.exp(tl.where(right, L, R))
+        d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
+        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
+        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        L, R = _next_level_sums(L, R, right, level, BT, BK)
+    # L = G, R = G_L - G (see the forward).
+    b_dq = dq_inter * tl.exp(L) * scale + dq_intra
+    dk_inter = dk_inter * tl.exp(R)
+    G_last = tl.sum(b_g, axis=0)
+
+    # dg = revcumsum(q dq - k dk_intra) + sum_{t < s} k_t dk_inter_t + e^{G_L} sum_v h dh: the
+    # carry of the module docstring with the k dk_inter terms of rows >= s cancelled out
+    # algebraically (at strong decay the last row's term is large and the sum is not).
+    # The strict prefix sum is a triangular matmul, so no large term is added and taken away.
+    below = (rows > cols).to(tl.float32)
+    b_dg = tl.cumsum(b_q * b_dq - b_k * dk_intra, axis=0, reverse=True)
+    b_dg = tl.dot(below, b_k * dk_inter, b_dg, input_precision=PREC)
+    b_dg += (tl.exp(G_last) * h_dh)[None, :]
+    b_dq += d_a_self[:, None] * b_k
+    b_dk = dk_inter + dk_intra + d_a_self[:, None] * b_q
+
+    p_dq, mask = _tile(dq + row0 * K, nrows, H * K, k0, K, BT, BK)
+    tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=mask)
+    p_dk, mask = _tile(dk + row0 * K, nrows, H * K, k0, K, BT, BK)
+    tl.store(p_dk, b_dk.to(dk.dtype.element_ty), mask=mask)
+    p_dg, mask = _tile(dg + row0 * K, nrows, H * K, k0, K, BT, BK)
+    tl.store(p_dg, b_dg.to(dg.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------------------
+# Configs and launches
+# --------------------------------------------------------------------------------------
+
+
+def _dot_types(work: torch.dtype):
+    """(operand dtype, input precision) of ``tl.dot`` for the work dtype (bf16 or fp32).
+
+    bf16 goes to the tensor cores as it is; fp32 uses tf32x3. Triton 3.6's CPU interpreter
+    multiplies bf16 bit patterns as integers, so there every product runs in fp32.
+    """
+    if work == torch.float32 or _arch.is_interpreter():
+        return tl.float32, ("ieee" if _arch.is_interpreter() else "tf32x3")
+    return tl.bfloat16, "tf32x3"
+
+
+def _state_stages(BK: int, BV: int, elt: int, smem: int) -> int:
+    """Most load stages (<= 3) of a state kernel that fit the shared memory ``smem``.
+
+    Per stage the kernel buffers one chunk of q_in, k_out, v (or do) and A; on top sits a
+    copy of the state for the tensor cores (measured by offline compile: 81920 bytes at
+    one stage, +49152 per stage, for K = 128, BV = 64, bf16).
+    """
+    per_stage = (2 * BT * BK + BT * BV + BT * BT) * elt
+    fixed = 2 * BK * BV * elt
+    for stages in (3, 2, 1):
+        if stages * per_stage + fixed <= smem:
+            return stages
+    return 1
+
+
+def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
+    """Block sizes, warps and stages per kernel, for the target arch's shared memory.
+
+    ``dtype`` is the work dtype (bf16 or fp32). Offline compiles at K = V = 64, 128, 256,
+    bf16 and fp32, fit every target's shared memory (sm80 .. sm120). The chunk-parallel
+    kernels take 255 registers at 8 warps on sm90 (one block per SM); the state kernels
+    ~150 at K = 128. Timed on an H200 (B=4, T=4096, H=16, K=V=128, bf16), an earlier
+    build of the chunk-parallel kernels ran fastest at these block sizes and 8 warps,
+    and 4 warps in ``_qkg_bwd`` faulted (illegal address), so it stays at 8.
+    """
+    BK = _utils.block_size(K)
+    BV_full = _utils.block_size(V)
+    elt = 4 if dtype == torch.float32 else 2
+    row_bytes = BK * elt  # one row of a [BT, K] operand tile
+    state_bv = min(BV_full, 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16)
+    return {
+        "intra": dict(BK=min(BK, 64), num_warps=8, num_stages=1),
+        "state": dict(BV=state_bv, num_warps=8 if BK >= 128 else 4,
+                      num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
+        "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=8, num_stages=1),
+    }
+
+
+_chunk_offsets_cache: dict = {}
+
+
+def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
+    """int32 ``[N + 1]``: index of each sequence's first chunk among all sequences' chunks."""
+    key = (id(offsets_host), str(device))
+    hit = _chunk_offsets_cache.get(key)
+    if hit is not None and hit[0] is offsets_host:
+        return hit[1]
+    n_chunks = (offsets_host[1:] - offsets_host[:-1] + BT - 1) // BT
+    table = torch.cat([n_chunks.new_zeros(1), n_chunks.cumsum(0)]).to(torch.int32).to(device)
+    if len(_chunk_offsets_cache) > 256:
+        _chunk_offsets_cache.clear()
+    _chunk_offsets_cache[key] = (offsets_host, table)
+    return table
+
+
+class _Layout:
+    """Sizes and chunk tables shared by the launches of one call."""
+
+    def __init__(self, q: torch.Tensor, v: torch.Tensor, cu_seqlens, offsets_host):
+        B, T, H, K = q.shape
+        self.cu_seqlens = cu_seqlens
+        self.T, self.H, self.K, self.V = T, H, K, v.shape[-1]
+        self.BK = _utils.block_size(K)
+        self.varlen = offsets_host is not None
+        if self.varlen:
+            self.N = offsets_host.numel() - 1
+            self.NT = 0
+            self.chunk_map = _utils.chunk_map(offsets_host, BT, q.device)
+            self.chunk_offsets = _chunk_offsets(offsets_host, q.device)
+            self.n_chunks = self.chunk_map.shape[0]
+        else:
+            self.N = B
+            self.NT = _utils.cdiv(T, BT)
+            self.chunk_map = self.chunk_offsets = None
+            self.n_chunks = B * self.NT
+        # Intermediates (A, q_in, k_out, the chunk states) are kept in q's dtype, except
+        # for fp16, whose range cannot hold gate-scaled operands (e^{G} < 6e-8 flushes to
+        # 0 and takes, e.g., the whole initial-state gradient with it at strong decay).
+        self.work = torch.float32 if q.dtype == torch.float16 else q.dtype
+        self.cfg = _configs(K, self.V, self.work)
+        self.dot, self.prec = _dot_types(self.work)
+
+    def common(self):
+        return dict(T=self.T, NT=self.NT, H=self.H, K=self.K, BT=BT, DOT=self.dot, PREC=self.prec,
+                    IS_VARLEN=self.varlen)
+
+
+def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool):
+    H, K, V = lay.H, lay.K, lay.V
+    A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
+    q_in = _utils.empty_like(q, lay.work)
+    k_out = _utils.empty_like(k, lay.work)
+    decay = _utils.empty((lay.n_chunks, H, K), torch.float32, q.device)
+    if lay.n_chunks > 0:
+        cfg = lay.cfg["intra"]
+        _intra_fwd[(lay.n_chunks * H,)](
+            q, k, g, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
+            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+    o = _utils.empty_like(v)
+    h_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device) if save_states else None
+    final_state = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if output_final_state else None
+    cfg = lay.cfg["state"]
+    _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
+        q_in, k_out, v, decay, A, initial_state, o, h_chunks, final_state, lay.cu_seqlens, lay.chunk_offsets,
+        **lay.common(), V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
+        STORE_HT=output_final_state, STORE_H_CHUNKS=save_states,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return o, final_state, (A, q_in, k_out, decay, h_chunks)
+
+
+def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
+    A, q_in, k_out, decay, h_chunks = saved
+    H, K, V = lay.H, lay.K, lay.V
+    dh_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device)
+    dv = _utils.empty_like(v)
+    dh0 = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if need_dh0 else None
+    cfg = lay.cfg["state"]
+    _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
+        q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
+        **lay.common(), V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    dq = _utils.empty_like(q)
+    dk = _utils.empty_like(k)
+    dg = _utils.empty_like(g)
+    if lay.n_chunks > 0:
+        cfg = lay.cfg["qkg"]
+        _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
+            q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, lay.cu_seqlens, lay.chunk_map, scale,
+            **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+    return dq, dk, dv, dg, dh0
+
+
+class _ChunkGLA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host):
+        lay = _Layout(q, v, cu_seqlens, offsets_host)
+        save_states = any(ctx.needs_input_grad[:5])
+        o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, save_states)
+        if save_states:
+            ctx.save_for_backward(q, k, v, g, *saved)
+            ctx.lay, ctx.scale = lay, scale
+            ctx.need_dh0 = initial_state is not None and ctx.needs_input_grad[4]
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, *saved = ctx.saved_tensors
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, saved, ctx.scale, do, dht, ctx.lay, ctx.need_dh0)
+        return dq, dk, dv, dg, dh0, None, None, None, None
+
+
+def _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
+        _validate.check_tensor(OP, name, t)
+    _validate.check_same_dtype(OP, q=q, k=k, v=v)
+    device = _validate.check_devices(OP, q=q, k=k, v=v, g=g, initial_state=initial_state)
+    _validate.check_ndim(OP, "q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    _validate.check_shape(OP, "k", k, (B, T, H, K), "[B, T, H, K]")
+    _validate.check_ndim(OP, "v", v, 4, "[B, T, H, V]")
+    V = v.shape[-1]
+    _validate.check_shape(OP, "v", v, (B, T, H, V), "[B, T, H, V]")
+    _validate.check_shape(OP, "g", g, (B, T, H, K), "[B, T, H, K]")
+    _validate.check_range(OP, "the key head dim K", K, 1, MAX_HEAD_DIM)
+    _validate.check_range(OP, "the value head dim V", V, 1, MAX_HEAD_DIM)
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"{OP}: `scale` must be a float or None, got {type(scale).__name__}")
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"{OP}: `output_final_state` must be a bool, got {type(output_final_state).__name__}")
+    offsets_host = _validate.check_cu_seqlens(OP, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
+    N = B if offsets_host is None else offsets_host.numel() - 1
+    _validate.check_initial_state(OP, initial_state, (N, H, K, V))
+    return offsets_host
+
+
+def chunk_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+):
+    """Gated linear attention, chunked: ``S_t = diag(e^{g_t}) S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``.
+
+    q, k, g: ``[B, T, H, K]``; v: ``[B, T, H, V]`` (q, k, v of one dtype; g of any float
+    dtype, its gradient in that dtype). ``scale`` defaults to ``K ** -0.5``.
+    ``initial_state``: float32 ``[N, H, K, V]``. With ``cu_seqlens`` (``B == 1``), the N
+    packed sequences run independently; pass ``cu_seqlens_cpu`` to validate without a
+    device-to-host copy. Returns ``(o, final_state)``, ``final_state`` float32
+    ``[N, H, K, V]`` or None. K and V up to 256.
+    """
+    offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    return _ChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host)

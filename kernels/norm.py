@@ -1,0 +1,282 @@
+"""Normalisations over the last dimension: ``l2norm``, ``rms_norm``, ``rms_norm_gated``.
+
+All three are one computation on each row ``x`` of length ``D``::
+
+    r    = 1 / sqrt(S / c + eps),   S = sum_j x_j^2,   c = 1 (l2norm) or D (rms)
+    xh   = x * r
+    z    = xh * weight + bias          (weight, bias optional, shape [D])
+    y    = z * act(g)                  (gated form only; act = swish or sigmoid)
+
+Backward, with ``dz = dy * act(g)`` (or ``dy``) and ``dxh = dz * weight`` (or ``dz``)::
+
+    dg      = dy * z * act'(g)
+    dweight = sum over rows of dz * xh,    dbias = sum over rows of dz
+    dx      = r * (dxh - xh * (sum_j dxh_j xh_j) / c)
+
+where the last line follows from ``d r / d x_k = -r^3 x_k / c``:
+``dx_k = r dxh_k - r^3 x_k / c * sum_j dxh_j x_j``. The backward recomputes ``r`` from
+``x`` instead of saving it (one read of ``x`` either way, no extra buffer).
+
+Kernels: one forward and one backward row kernel. Rows (every leading index, flattened)
+go on grid axis 0, ``BLOCK_R`` rows a program when rows are short so that a program
+moves a few thousand elements; each row is held whole in registers (``D <= MAX_DIM``).
+The backward runs a fixed number of programs that loop over row blocks and keep their
+share of ``dweight`` / ``dbias`` in registers, written once to a ``[P, D]`` buffer and
+summed by ``_partials.column_sum`` (deterministic, no atomics). Accumulation is float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _partials, _utils
+from . import _validate as V
+
+# Longest row held in registers by one program (16 warps, 32 float32 values a thread
+# per operand).
+MAX_DIM = 16384
+
+GATE_NONE, GATE_SWISH, GATE_SIGMOID = 0, 1, 2
+_GATES = {"swish": GATE_SWISH, "silu": GATE_SWISH, "sigmoid": GATE_SIGMOID}
+
+
+@triton.jit
+def _gate_and_slope(g, GATE: tl.constexpr):
+    """act(g) and act'(g): swish g*s(g) -> s (1 + g (1 - s)); sigmoid s -> s (1 - s)."""
+    s = tl.sigmoid(g)
+    if GATE == 1:
+        return g * s, s * (1.0 + g * (1.0 - s))
+    else:
+        return s, s * (1.0 - s)
+
+
+@triton.jit
+def _row_tile(base, rows, stride, D, row_start, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+    """Pointers and mask of the ``[BLOCK_R, BLOCK_D]`` tile starting at row ``row_start``."""
+    r = row_start + tl.arange(0, BLOCK_R).to(tl.int64)
+    c = tl.arange(0, BLOCK_D)
+    ptrs = base + r[:, None] * stride + c[None, :]
+    if EVEN_D:
+        mask = (r < rows)[:, None]
+    else:
+        mask = (r < rows)[:, None] & (c < D)[None, :]
+    return ptrs, mask
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    x, g, weight, bias, y,
+    rows, D, stride_x, stride_g, eps,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    row_start = tl.program_id(0).to(tl.int64) * BLOCK_R
+    x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+    xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    ss = tl.sum(xv * xv, axis=1)
+    if MEAN:
+        ss = ss / D
+    z = xv * tl.math.rsqrt(ss + eps)[:, None]
+    c = tl.arange(0, BLOCK_D)
+    if HAS_WEIGHT:
+        z = z * tl.load(weight + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        z = z + tl.load(bias + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    if GATE != 0:
+        g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        act, _ = _gate_and_slope(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
+        z = z * act
+    y_ptrs, _ = _row_tile(y, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+    tl.store(y_ptrs, z.to(y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    x, g, weight, bias, dy, dx, dg, dparams,
+    rows, D, stride_x, stride_g, stride_dy, eps,
+    MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """Program ``p`` handles row blocks p, p + P, p + 2P, ...; ``dparams`` is float32
+    ``[P, n, D]`` holding its share of dweight (slot 0) and dbias (last slot)."""
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    c = tl.arange(0, BLOCK_D)
+    if HAS_WEIGHT:
+        w = tl.load(weight + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        b = tl.load(bias + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    acc_dw = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    acc_db = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    for block in range(pid, tl.cdiv(rows, BLOCK_R), num_programs):
+        row_start = block * BLOCK_R  # rows < 2**31; _row_tile widens to int64
+        x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        dy_ptrs, _ = _row_tile(dy, rows, stride_dy, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        dz = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+        ss = tl.sum(xv * xv, axis=1)
+        if MEAN:
+            ss = ss / D
+        rstd = tl.math.rsqrt(ss + eps)[:, None]
+        xh = xv * rstd
+        if GATE != 0:
+            g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+            act, slope = _gate_and_slope(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
+            z = xh
+            if HAS_WEIGHT:
+                z = z * w
+            if HAS_BIAS:
+                z = z + b
+            dg_ptrs, _ = _row_tile(dg, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+            tl.store(dg_ptrs, (dz * z * slope).to(dg.dtype.element_ty), mask=mask)
+            dz = dz * act
+        dxh = dz
+        if HAS_WEIGHT:
+            acc_dw += dz * xh
+            dxh = dz * w
+        if HAS_BIAS:
+            acc_db += dz
+        dot = tl.sum(dxh * xh, axis=1)
+        if MEAN:
+            dot = dot / D
+        dx_ptrs, _ = _row_tile(dx, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        tl.store(dx_ptrs, (rstd * (dxh - xh * dot[:, None])).to(dx.dtype.element_ty), mask=mask)
+    if HAS_WEIGHT or HAS_BIAS:
+        row = dparams + pid.to(tl.int64) * (HAS_WEIGHT + HAS_BIAS) * D + c
+        if HAS_WEIGHT:
+            tl.store(row, tl.sum(acc_dw, axis=0), mask=c < D)
+        if HAS_BIAS:
+            tl.store(row + HAS_WEIGHT * D, tl.sum(acc_db, axis=0), mask=c < D)
+
+
+def _tile_config(D: int, elements: int):
+    """(BLOCK_R, BLOCK_D, num_warps): whole rows, about ``elements`` values a program."""
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_R = max(1, elements // BLOCK_D)
+    num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 256))
+    return BLOCK_R, BLOCK_D, num_warps
+
+
+def _rows_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as ``[rows, D]`` with unit column stride, copying only when no such view exists."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 or t2.shape[-1] == 1 else t2.contiguous()
+
+
+def _row_stride(t2: torch.Tensor) -> int:
+    return t2.stride(0) if t2.shape[0] > 1 else t2.shape[1]
+
+
+def _forward(x, g, weight, bias, eps, mean, gate):
+    D = x.shape[-1]
+    x2 = _rows_view(x)
+    g2 = _rows_view(g) if g is not None else None
+    rows = x2.shape[0]
+    y = _utils.empty((rows, D), x.dtype, x.device)
+    if rows > 0:
+        BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 2048)
+        _norm_fwd_kernel[(_utils.cdiv(rows, BLOCK_R),)](
+            x2, g2, weight, bias, y,
+            rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
+            MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps,
+        )
+    return y.view(x.shape)
+
+
+def _backward(x, g, weight, bias, dy, eps, mean, gate):
+    D = x.shape[-1]
+    x2, dy2 = _rows_view(x), _rows_view(dy)
+    g2 = _rows_view(g) if g is not None else None
+    rows = x2.shape[0]
+    dx = _utils.empty((rows, D), x.dtype, x.device)
+    dg = _utils.empty((rows, D), g.dtype, g.device) if g is not None else None
+    slots = (weight is not None) + (bias is not None)
+    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 2048)
+    blocks = _utils.cdiv(rows, BLOCK_R)
+    # one row block a program when there is no parameter gradient to sum
+    programs = _partials.partial_programs(x.device, blocks, num_warps) if slots else max(1, blocks)
+    dparams = _utils.empty((programs, slots * D), torch.float32, x.device) if slots else None
+    if rows > 0:
+        _norm_bwd_kernel[(programs,)](
+            x2, g2, weight, bias, dy2, dx, dg, dparams,
+            rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, _row_stride(dy2), eps,
+            MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps,
+        )
+    elif slots:
+        dparams.zero_()
+    dweight = dbias = None
+    if slots:
+        sums = _partials.column_sum(dparams, torch.float32)
+        if weight is not None:
+            dweight = sums[:D].to(weight.dtype)
+        if bias is not None:
+            dbias = sums[(slots - 1) * D:].to(bias.dtype)
+    return dx.view(x.shape), (dg.view(g.shape) if dg is not None else None), dweight, dbias
+
+
+class _NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g, weight, bias, eps, mean, gate):
+        ctx.save_for_backward(x, g, weight, bias)
+        ctx.config = (eps, mean, gate)
+        return _forward(x, g, weight, bias, eps, mean, gate)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, g, weight, bias = ctx.saved_tensors
+        dx, dg, dweight, dbias = _backward(x, g, weight, bias, dy, *ctx.config)
+        return dx, dg, dweight, dbias, None, None, None
+
+
+def _validate(op, x, g, weight, bias, eps):
+    V.check_tensor(op, "x", x)
+    if g is not None:
+        V.check_tensor(op, "g", g)
+        V.check_same_dtype(op, x=x, g=g)
+    if weight is not None:
+        V.check_tensor(op, "weight", weight)
+    if bias is not None:
+        V.check_tensor(op, "bias", bias)
+    V.check_devices(op, x=x, g=g, weight=weight, bias=bias)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: `x` must have at least 1 dimension [..., D], got a 0-d tensor")
+    D = x.shape[-1]
+    if g is not None:
+        V.check_shape(op, "g", g, x.shape, "the shape of x")
+    if weight is not None:
+        V.check_shape(op, "weight", weight, (D,), "[D]")
+    if bias is not None:
+        V.check_shape(op, "bias", bias, (D,), "[D]")
+    V.check_range(op, "the normalised dim D (x.shape[-1])", D, 1, MAX_DIM)
+    if not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"{op}: `eps` must be a number >= 0, got {eps!r}")
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``y = x / sqrt(sum(x^2) + eps)`` over the last dim. Any leading shape, ``D <= 16384``."""
+    _validate("l2norm", x, None, None, None, eps)
+    return _NormFunction.apply(x, None, None, None, float(eps), False, GATE_NONE)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+             eps: float = 1e-6) -> torch.Tensor:
+    """``y = x / sqrt(mean(x^2) + eps) * weight + bias`` over the last dim (weight, bias ``[D]``)."""
+    _validate("rms_norm", x, None, weight, bias, eps)
+    return _NormFunction.apply(x, None, weight, bias, float(eps), True, GATE_NONE)
+
+
+def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None = None,
+                   eps: float = 1e-6, activation: str = "swish") -> torch.Tensor:
+    """``y = x / sqrt(mean(x^2) + eps) * weight * act(g)``; ``activation`` is ``'swish'``
+    (alias ``'silu'``: ``g * sigmoid(g)``) or ``'sigmoid'``. ``g`` has the shape and dtype of ``x``."""
+    op = "rms_norm_gated"
+    if activation not in _GATES:
+        raise ValueError(f"{op}: `activation` must be 'swish', 'silu' or 'sigmoid', got {activation!r}")
+    if g is None:
+        raise TypeError(f"{op}: `g` must be a torch.Tensor with the shape of x, got None")
+    _validate(op, x, g, weight, None, eps)
+    return _NormFunction.apply(x, g, weight, None, float(eps), True, _GATES[activation])

@@ -1,0 +1,395 @@
+"""Rotary position embedding: ``RotaryEmbedding``, ``apply_rotary``, ``rotary_embedding``.
+
+For ``x`` ``[B, T, H, D]`` and rotary width ``R`` (even, ``R <= D``), channel pair ``i``
+(``i < R/2``) of the token at position ``pos`` turns by the angle ``theta_i(pos)``::
+
+    (a, b) -> (a cos theta - b sin theta,  a sin theta + b cos theta)
+
+The pair is ``(x_i, x_{i + R/2})`` (half split, GPT-NeoX) or, with ``interleaved``,
+``(x_{2i}, x_{2i+1})`` (GPT-J). Channels ``[R, D)`` pass through unchanged.
+``pos = t + offset[n]``: ``t`` counts from 0 in every sequence (every batch row, or every
+``cu_seqlens`` sequence), and the offset is one int or one value per sequence ``[N]``.
+
+Where the angles come from:
+
+* ``apply_rotary(x, dim, base)`` and ``RotaryEmbedding``: ``theta_i = pos * base^(-2i/R)``,
+  computed in the kernel: the product and its reduction modulo 2 pi in float64, then
+  cos/sin in float32 of an angle in ``[-pi, pi]``. No table, so every position is valid
+  and nothing needs sizing from ``max_seqlen`` or the offsets' values.
+* ``rotary_embedding(x, cos, sin)``: ``cos[pos, i]`` and ``sin[pos, i]`` from tables
+  ``[max_pos, R/2]`` (any float dtype, read as float32). Every position must lie in
+  ``[0, max_pos)``; that is checked on the host before the launch (for an offsets tensor,
+  from a host copy made once per tensor and version). The tables get no gradient.
+
+The backward of a rotation is the rotation by ``-theta``: the same kernel with ``sin``
+negated. The op is registered as ``torch.ops.pytest_fla.rotary`` (``custom_op`` with a
+fake and an autograd rule), and under ``torch.compile`` the wrappers call it, so the graph
+holds one opaque node per tensor; in eager mode they call an ``autograd.Function`` over the
+same launches instead, since the custom-op dispatcher's per-call argument handling costs
+more host time than the kernel takes on the GPU. The Python wrappers validate first.
+
+Kernel: one launch per tensor, grid ``(B * cdiv(T, BLOCK_T), cdiv(H, BLOCK_H))``: a
+program owns ``BLOCK_T`` tokens times ``BLOCK_H`` heads (about 8K elements), computes
+the angles once per token and applies them to every head. Under ``cu_seqlens`` each
+token finds its sequence by bisection in the kernel (``_sequence.sequence_span``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _utils
+from . import _validate as V
+from ._sequence import search_steps, sequence_span, tile_origin
+
+MAX_HEAD_DIM = 1024
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+@triton.jit
+def _rotary_kernel(
+    x, cos, sin, inv_freq, offsets, cu_seqlens, y,
+    T, H, stride_xb, stride_xt, stride_xh, offset, N, steps, max_pos, stride_table,
+    D: tl.constexpr, HALF: tl.constexpr, TABLE: tl.constexpr, PER_SEQUENCE_OFFSET: tl.constexpr,
+    VARLEN: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+):
+    b, t0 = tile_origin(tl.program_id(0), T, BLOCK_T)
+    r = tl.arange(0, BLOCK_T)
+    t = t0 + r
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    t_ok = t < T
+    n, start, _ = sequence_span(t, b, cu_seqlens, T, N, steps, VARLEN, BLOCK_T)
+    if PER_SEQUENCE_OFFSET:
+        pos = t - start + tl.load(offsets + n, mask=t_ok, other=0).to(tl.int64)
+    else:
+        pos = t - start + offset
+    i = tl.arange(0, BLOCK_HALF)
+    i_ok = i < HALF
+    if TABLE:
+        # positions were checked on the host; a stray one reads NaN rather than memory
+        pos_ok = t_ok & (pos >= 0) & (pos < max_pos)
+        table_offs = pos[:, None] * stride_table + i[None, :]
+        table_mask = pos_ok[:, None] & i_ok[None, :]
+        c = tl.load(cos + table_offs, mask=table_mask, other=float("nan")).to(tl.float32)
+        s = tl.load(sin + table_offs, mask=table_mask, other=float("nan")).to(tl.float32)
+    else:
+        freq = tl.load(inv_freq + i, mask=i_ok, other=0.0)
+        angle = pos.to(tl.float64)[:, None] * freq[None, :]
+        turns = tl.floor(angle * 0.15915494309189535 + 0.5)  # 1 / (2 pi)
+        reduced = (angle - turns * 6.283185307179586).to(tl.float32)
+        c = tl.cos(reduced)
+        s = tl.sin(reduced)
+    if INVERSE:
+        s = -s
+    c = c[:, None, :]
+    s = s[:, None, :]
+
+    src = (x + b.to(tl.int64) * stride_xb + t0.to(tl.int64) * stride_xt
+           + (r * stride_xt)[:, None, None] + (h * stride_xh)[None, :, None])
+    dst = y + (b.to(tl.int64) * T + t0) * H * D + (r * H * D)[:, None, None] + (h * D)[None, :, None]
+    rows_ok = t_ok[:, None, None] & (h < H)[None, :, None]
+    if INTERLEAVED:
+        j = tl.arange(0, 2 * BLOCK_HALF)[None, None, :]
+        mask = rows_ok & (j < 2 * HALF)
+        pairs = tl.load(src + j, mask=mask, other=0.0).to(tl.float32)
+        a, b = tl.split(tl.reshape(pairs, [BLOCK_T, BLOCK_H, BLOCK_HALF, 2]))
+        out = tl.reshape(tl.join(a * c - b * s, a * s + b * c), [BLOCK_T, BLOCK_H, 2 * BLOCK_HALF])
+        tl.store(dst + j, out.to(y.dtype.element_ty), mask=mask)
+    else:
+        k = i[None, None, :]
+        mask = rows_ok & (k < HALF)
+        a = tl.load(src + k, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(src + HALF + k, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dst + k, (a * c - b * s).to(y.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF + k, (a * s + b * c).to(y.dtype.element_ty), mask=mask)
+    if BLOCK_PASS > 0:
+        k = 2 * HALF + tl.arange(0, BLOCK_PASS)[None, None, :]
+        mask = rows_ok & (k < D)
+        tl.store(dst + k, tl.load(src + k, mask=mask), mask=mask)
+
+
+def _tile_config(H: int, width: int, elements: int = 8192):
+    """(BLOCK_T, BLOCK_H, num_warps): all heads of a token if they fit, about ``elements``
+    values a program; ``width`` is the padded head dim."""
+    BLOCK_H = min(triton.next_power_of_2(H), max(1, elements // width))
+    BLOCK_T = triton.next_power_of_2(max(1, elements // (BLOCK_H * width)) + 1) // 2  # a power of 2
+    num_warps = 8 if BLOCK_T * BLOCK_H * width >= 8192 else 4
+    return BLOCK_T, BLOCK_H, num_warps
+
+
+_inv_freqs: dict = {}
+
+
+def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """float64 ``base^(-2i/R)``, ``i < R/2``, cached per (R, base, device)."""
+    key = (rotary_dim, base, str(device))
+    hit = _inv_freqs.get(key)
+    if hit is None:
+        exponents = torch.arange(rotary_dim // 2, dtype=torch.float64) * 2 / rotary_dim
+        hit = (base ** -exponents).to(device)
+        if len(_inv_freqs) > 64:
+            _inv_freqs.clear()
+        _inv_freqs[key] = hit
+    return hit
+
+
+def _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse):
+    B, T, H, D = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = _utils.empty((B, T, H, D), x.dtype, x.device)
+    if y.numel() == 0:
+        return y
+    half = rotary_dim // 2
+    table = cos is not None
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BLOCK_HALF = triton.next_power_of_2(half)
+    BLOCK_PASS = triton.next_power_of_2(D - rotary_dim) if D > rotary_dim else 0
+    BLOCK_T, BLOCK_H, num_warps = _tile_config(H, 2 * BLOCK_HALF + BLOCK_PASS)
+    _rotary_kernel[(B * _utils.cdiv(T, BLOCK_T), _utils.cdiv(H, BLOCK_H))](
+        x, cos, sin, None if table else _inv_freq(rotary_dim, base, x.device), offsets, cu_seqlens, y,
+        T, H, x.stride(0), x.stride(1), x.stride(2), offset, N, search_steps(N),
+        cos.shape[0] if table else 0, cos.stride(0) if table else 0,
+        D=D, HALF=half, TABLE=table, PER_SEQUENCE_OFFSET=offsets is not None,
+        VARLEN=cu_seqlens is not None, INTERLEAVED=interleaved, INVERSE=inverse,
+        BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF, BLOCK_PASS=BLOCK_PASS,
+        num_warps=num_warps,
+    )
+    return y
+
+
+@torch.library.custom_op("pytest_fla::rotary", mutates_args=())
+def rotary_op(
+    x: torch.Tensor,
+    cos: Optional[torch.Tensor],
+    sin: Optional[torch.Tensor],
+    offsets: Optional[torch.Tensor],
+    cu_seqlens: Optional[torch.Tensor],
+    rotary_dim: int,
+    base: float,
+    offset: int,
+    interleaved: bool,
+    inverse: bool,
+) -> torch.Tensor:
+    """Unvalidated op behind the wrappers: rotate ``x`` by the table (``cos``/``sin``
+    given) or by ``pos * base^(-2i/rotary_dim)``; ``offsets`` (per sequence) or ``offset``."""
+    return _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse)
+
+
+@rotary_op.register_fake
+def _rotary_fake(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse):
+    return x.new_empty(x.shape)
+
+
+def _rotary_setup_context(ctx, inputs, output):
+    x, cos, sin, offsets, cu_seqlens, *scalars = inputs
+    ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
+    ctx.scalars = scalars
+
+
+def _rotary_backward(ctx, dy):
+    cos, sin, offsets, cu_seqlens = ctx.saved_tensors
+    rotary_dim, base, offset, interleaved, inverse = ctx.scalars
+    dx = rotary_op(dy, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, not inverse)
+    return dx, None, None, None, None, None, None, None, None, None
+
+
+rotary_op.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
+
+
+class _RotaryFunction(torch.autograd.Function):
+    """Eager twin of ``rotary_op``: the same launches without the custom-op dispatcher,
+    whose per-call argument handling costs more host time than the kernel takes on a GPU."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved):
+        ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
+        ctx.scalars = (rotary_dim, base, offset, interleaved)
+        return _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin, offsets, cu_seqlens = ctx.saved_tensors
+        rotary_dim, base, offset, interleaved = ctx.scalars
+        dx = _launch(dy, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, True)
+        return dx, None, None, None, None, None, None, None, None
+
+
+def _rotate(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved):
+    """The custom op under ``torch.compile`` (one opaque node), the autograd.Function in eager."""
+    if torch.compiler.is_compiling():
+        return rotary_op(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False)
+    return _RotaryFunction.apply(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_rotary_dim(op: str, rotary_dim, D: int) -> None:
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"{op}: the rotary dim must be an int, got {type(rotary_dim).__name__}")
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > D:
+        raise ValueError(
+            f"{op}: rotary dim {rotary_dim} must be even and at most the head dim D = {D} "
+            f"(x.shape[-1]); it is the rotary width per head, not the model width"
+        )
+
+
+@torch.compiler.disable
+def _host_values(t: torch.Tensor) -> torch.Tensor:
+    return V.host_copy(t)
+
+
+@torch.compiler.disable
+def _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device):
+    return V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
+
+
+def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=None, offset_name="seqlen_offset"):
+    """Checks shared by the wrappers; returns ``(N, offsets tensor or None, int offset,
+    host offsets or None)``."""
+    V.check_tensor(op, "x", x)
+    offsets = seqlen_offset if isinstance(seqlen_offset, torch.Tensor) else None
+    if offsets is not None:
+        V.check_tensor(op, offset_name, offsets, INDEX_DTYPES)
+    elif isinstance(seqlen_offset, bool) or not isinstance(seqlen_offset, int):
+        raise TypeError(f"{op}: `{offset_name}` must be an int or an int tensor [N], got {type(seqlen_offset).__name__}")
+    device = V.check_devices(op, x=x, cos=cos, sin=sin, **{offset_name: offsets},
+                             cu_seqlens=cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None)
+    V.check_ndim(op, "x", x, 4, "[B, T, H, D]")
+    B, T, H, D = x.shape
+    V.check_range(op, "the head dim D (x.shape[-1])", D, 2, MAX_HEAD_DIM)
+    # only a call with offsets reaches the (compile-disabled) value check: the common
+    # call stays one graph under torch.compile(fullgraph=True)
+    host = None
+    if cu_seqlens is not None or cu_seqlens_cpu is not None:
+        host = _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if offsets is not None:
+        V.check_shape(op, offset_name, offsets, (N,), "[N] (one offset per sequence)")
+    return N, offsets, 0 if offsets is not None else int(seqlen_offset), host
+
+
+def _check_table_positions(op, x, cos, offsets, offset, host_cu):
+    """Every position ``t + offset[n]`` indexes the table: ``0 <= pos < max_pos``."""
+    B, T = x.shape[:2]
+    max_pos = cos.shape[0]
+    if host_cu is not None:
+        lengths = host_cu[1:] - host_cu[:-1]
+    else:
+        lengths = torch.full((B,), T, dtype=torch.int64)
+    if offsets is None:
+        lo, hi = offset, offset + (int(lengths.max()) if lengths.numel() else 0)
+    else:
+        if offsets.device.type == "meta":
+            raise ValueError(f"{op}: a `seqlen_offsets` tensor on the meta device cannot be range-checked")
+        values = _host_values(offsets)
+        nonempty = lengths > 0
+        lo = int(values[nonempty].min()) if nonempty.any() else 0
+        hi = int((values + lengths)[nonempty].max()) if nonempty.any() else 0
+    if lo < 0 or hi > max_pos:
+        raise ValueError(
+            f"{op}: positions reach [{lo}, {hi}) but the cos/sin tables hold positions [0, {max_pos}); "
+            "make the tables longer or the offsets smaller"
+        )
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def apply_rotary(
+    x: torch.Tensor,
+    dim: int,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    seqlen_offset: int | torch.Tensor = 0,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotate channels ``[0, dim)`` of ``x`` ``[B, T, H, D]`` by ``pos * base^(-2i/dim)``.
+
+    ``seqlen_offset``: int, or an int32/int64 tensor ``[N]`` on x's device (one offset per
+    batch row, or per ``cu_seqlens`` sequence). Returns a new contiguous tensor.
+    """
+    return _apply_rotary("apply_rotary", x, dim, base, interleaved, seqlen_offset, cu_seqlens, cu_seqlens_cpu)
+
+
+def _apply_rotary(op, x, dim, base, interleaved, seqlen_offset, cu_seqlens, cu_seqlens_cpu):
+    _, offsets, offset, _ = _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu)
+    _check_rotary_dim(op, dim, x.shape[-1])
+    if not isinstance(base, (int, float)) or not base > 0:
+        raise ValueError(f"{op}: `base` must be a number > 0, got {base!r}")
+    return _rotate(x, None, None, offsets, cu_seqlens, dim, float(base), offset, bool(interleaved))
+
+
+def rotary_embedding(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    interleaved: bool = False,
+    seqlen_offsets: int | torch.Tensor = 0,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> torch.Tensor:
+    """Rotate ``x`` ``[B, T, H, D]`` by angles read from tables ``cos``, ``sin`` ``[max_pos, R/2]``.
+
+    Channel pair ``i`` of the token at position ``pos = t + seqlen_offsets[n]`` becomes
+    ``(a cos[pos, i] - b sin[pos, i], a sin[pos, i] + b cos[pos, i])``; the rotary width is
+    ``R = 2 * cos.shape[1]`` and channels ``[R, D)`` pass through. Every position must lie
+    in ``[0, max_pos)`` (checked). ``max_seqlen`` is accepted for API compatibility and
+    not needed. The tables get no gradient: pass tensors that do not require one.
+    """
+    op = "rotary_embedding"
+    for name, t in (("cos", cos), ("sin", sin)):
+        V.check_tensor(op, name, t)
+    N, offsets, offset, host_cu = _validate(op, x, seqlen_offsets, cu_seqlens, cu_seqlens_cpu, cos, sin,
+                                            offset_name="seqlen_offsets")
+    V.check_ndim(op, "cos", cos, 2, "[max_pos, R/2]")
+    V.check_shape(op, "sin", sin, cos.shape, "the shape of cos")
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    _check_rotary_dim(op, 2 * cos.shape[1], x.shape[-1])
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        raise ValueError(f"{op}: `cos` and `sin` get no gradient here; pass them detached")
+    _check_table_positions(op, x, cos, offsets, offset, host_cu)
+    return _rotate(x, cos, sin, offsets, cu_seqlens, 2 * cos.shape[1], 0.0, offset, bool(interleaved))
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Rotary embedding of query and key heads; ``dim`` is the rotary width *per head*.
+
+    ``forward(q, k, seqlen_offset=0, cu_seqlens=None, max_seqlen=None, cu_seqlens_cpu=None)``
+    rotates channels ``[0, dim)`` of q ``[B, T, H, D]`` and k ``[B, T, HK, D]`` (k may have
+    fewer heads) by ``pos * base^(-2i/dim)`` and returns new ``(q, k)``. The angles are
+    computed in the kernel, so there is no table to size: ``max_seqlen`` is accepted for
+    API compatibility and ignored, and any offset is valid.
+    """
+
+    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False):
+        super().__init__()
+        self.dim = dim
+        self.base = base
+        self.interleaved = interleaved
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, base={self.base}, interleaved={self.interleaved}"
+
+    def forward(self, q, k, seqlen_offset=0, cu_seqlens=None, max_seqlen=None, cu_seqlens_cpu=None):
+        op = "RotaryEmbedding"
+        for name, t in (("q", q), ("k", k)):
+            V.check_tensor(op, name, t)
+            V.check_ndim(op, name, t, 4, "[B, T, H, D]")
+        if k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
+            raise ValueError(
+                f"{op}: `k` must have shape [B, T, HK, D] = [{q.shape[0]}, {q.shape[1]}, HK, {q.shape[3]}] "
+                f"like q, got {list(k.shape)}"
+            )
+        V.check_devices(op, q=q, k=k)
+        args = (self.dim, self.base, self.interleaved, seqlen_offset, cu_seqlens, cu_seqlens_cpu)
+        return _apply_rotary(op, q, *args), _apply_rotary(op, k, *args)
