@@ -142,6 +142,50 @@ def state_piece_store(base, b, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: 
     tl.store(p, b.to(p.dtype.element_ty), boundary_check=(0, 1))
 
 
+@triton.jit
+def state_program(cu_seqlens, T, H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  BV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """A state pass's program: (value block, sequence * HV + value head, value head, key head,
+    first token, end token, state slot of the first chunk, number of chunks)."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_nh = pid // NV
+    i_hv = i_nh % HV
+    bos, eos, slot0 = sequence_span(i_nh // HV, cu_seqlens, T, BT, IS_VARLEN)
+    return (pid % NV).to(tl.int32), i_nh, i_hv, i_hv // (HV // H), bos, eos, slot0, tl.cdiv(eos - bos, BT)
+
+
+@triton.jit
+def load_state_pieces(states, i_nh, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr,
+                      BV: tl.constexpr, LOAD: tl.constexpr):
+    """The value block of the [K, V] fp32 state ``i_nh`` of ``states`` as four [BKS, BV]
+    pieces (those past NKS zero); all zero without LOAD (``states`` then None)."""
+    b1 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b2 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b3 = tl.zeros([BKS, BV], dtype=tl.float32)
+    b4 = tl.zeros([BKS, BV], dtype=tl.float32)
+    if LOAD:
+        base = states + i_nh * K * V
+        b1 += state_piece_load(base, 0, i_v, K, V, BKS, BV)
+        if NKS > 1:
+            b2 += state_piece_load(base, 1, i_v, K, V, BKS, BV)
+        if NKS > 2:
+            b3 += state_piece_load(base, 2, i_v, K, V, BKS, BV)
+            b4 += state_piece_load(base, 3, i_v, K, V, BKS, BV)
+    return b1, b2, b3, b4
+
+
+@triton.jit
+def store_state_pieces(base, b1, b2, b3, b4, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr,
+                       NKS: tl.constexpr, BV: tl.constexpr):
+    state_piece_store(base, b1, 0, i_v, K, V, BKS, BV)
+    if NKS > 1:
+        state_piece_store(base, b2, 1, i_v, K, V, BKS, BV)
+    if NKS > 2:
+        state_piece_store(base, b3, 2, i_v, K, V, BKS, BV)
+        state_piece_store(base, b4, 3, i_v, K, V, BKS, BV)
+
+
 @dataclass(frozen=True)
 class Configs:
     """Block sizes, warps and pipeline stages of every kernel, for one (K, V, dtype, arch)."""

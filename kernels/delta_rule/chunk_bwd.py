@@ -20,8 +20,8 @@ import triton.language as tl
 
 from .._utils import empty
 from ._chunk_common import (
-    CHUNK, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, rows_tile_store, sequence_span,
-    state_piece_load, state_piece_store,
+    CHUNK, chunk_coords, load_gate_chunk, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store,
+    state_piece_load, state_program, store_state_pieces,
 )
 
 
@@ -53,45 +53,20 @@ def state_grad_kernel(
     USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
 ):
     """dh is held as NKS pieces of [BKS, BV] rows, as the forward state pass holds h."""
-    NV: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_v = (pid % NV).to(tl.int32)
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, slot0 = sequence_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
-    NT = tl.cdiv(eos - bos, BT)
+    i_v, i_nh, i_hv, i_h, bos, eos, slot0, NT = state_program(cu_seqlens, T, H, HV, V, BT, BV, IS_VARLEN)
     rows = tl.arange(0, BT)
     DT = k.dtype.element_ty
 
-    b_dh1 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b_dh2 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b_dh3 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b_dh4 = tl.zeros([BKS, BV], dtype=tl.float32)
-    if USE_DHT:
-        dht_base = dht + i_nh * K * V
-        b_dh1 += state_piece_load(dht_base, 0, i_v, K, V, BKS, BV)
-        if NKS > 1:
-            b_dh2 += state_piece_load(dht_base, 1, i_v, K, V, BKS, BV)
-        if NKS > 2:
-            b_dh3 += state_piece_load(dht_base, 2, i_v, K, V, BKS, BV)
-            b_dh4 += state_piece_load(dht_base, 3, i_v, K, V, BKS, BV)
+    b_dh1, b_dh2, b_dh3, b_dh4 = load_state_pieces(dht, i_nh, i_v, K, V, BKS, NKS, BV, USE_DHT)
     for i_rev in range(0, NT):
         i_c = NT - 1 - i_rev
         t0 = bos + i_c * BT
         n_valid = tl.minimum(eos - t0, BT)
         valid = rows < n_valid
-        dh_base = dh + ((slot0 + i_c) * HV + i_hv) * K * V
         q_base = q + (t0 * H + i_h) * K
         k_base = k + (t0 * H + i_h) * K
         w_base = w + (t0 * HV + i_hv) * K
-        state_piece_store(dh_base, b_dh1, 0, i_v, K, V, BKS, BV)
-        if NKS > 1:
-            state_piece_store(dh_base, b_dh2, 1, i_v, K, V, BKS, BV)
-        if NKS > 2:
-            state_piece_store(dh_base, b_dh3, 2, i_v, K, V, BKS, BV)
-            state_piece_store(dh_base, b_dh4, 3, i_v, K, V, BKS, BV)
+        store_state_pieces(dh + ((slot0 + i_c) * HV + i_hv) * K * V, b_dh1, b_dh2, b_dh3, b_dh4, i_v, K, V, BKS, NKS, BV)
 
         # row factors: k_j -> k_j (rk_j) e^{G_C - G_j} for the state; q_i -> scale (rq_i) e^{G_i - G_0}
         b_kf = tl.where(valid, 1.0, 0.0)
@@ -136,13 +111,7 @@ def state_grad_kernel(
                                              chunk_scale, H, HV, K, BT, BKS)
 
     if STORE_DH0:
-        dh0_base = dh0 + i_nh * K * V
-        state_piece_store(dh0_base, b_dh1, 0, i_v, K, V, BKS, BV)
-        if NKS > 1:
-            state_piece_store(dh0_base, b_dh2, 1, i_v, K, V, BKS, BV)
-        if NKS > 2:
-            state_piece_store(dh0_base, b_dh3, 2, i_v, K, V, BKS, BV)
-            state_piece_store(dh0_base, b_dh4, 3, i_v, K, V, BKS, BV)
+        store_state_pieces(dh0 + i_nh * K * V, b_dh1, b_dh2, b_dh3, b_dh4, i_v, K, V, BKS, NKS, BV)
 
 
 @triton.jit

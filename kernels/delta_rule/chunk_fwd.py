@@ -23,8 +23,8 @@ import triton.language as tl
 
 from .._utils import empty
 from ._chunk_common import (
-    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, masked_exp, mm, rows_tile, rows_tile_store, rows_tile_t,
-    sequence_span, state_piece_load, state_piece_store, state_slots,
+    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, load_state_pieces, masked_exp, mm, rows_tile,
+    rows_tile_store, rows_tile_t, state_piece_load, state_program, state_slots, store_state_pieces,
 )
 
 
@@ -151,45 +151,22 @@ def state_pass_kernel(
 ):
     """The state is held as NKS (1, 2 or 4) pieces of [BKS, BV] rows, so each product
     stages a [BT, BKS] operand rather than the whole [BT, K] one (shared memory at K = 256)."""
-    NV: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_v = (pid % NV).to(tl.int32)
-    i_nh = pid // NV
-    i_n = i_nh // HV
-    i_hv = i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos, eos, slot0 = sequence_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
-    NT = tl.cdiv(eos - bos, BT)
+    i_v, i_nh, i_hv, i_h, bos, eos, slot0, NT = state_program(cu_seqlens, T, H, HV, V, BT, BV, IS_VARLEN)
     rows = tl.arange(0, BT)
     DT = k.dtype.element_ty
 
-    b_h1 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b_h2 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b_h3 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b_h4 = tl.zeros([BKS, BV], dtype=tl.float32)
-    if USE_H0:
-        h0_base = h0 + i_nh * K * V
-        b_h1 += state_piece_load(h0_base, 0, i_v, K, V, BKS, BV)
-        if NKS > 1:
-            b_h2 += state_piece_load(h0_base, 1, i_v, K, V, BKS, BV)
-        if NKS > 2:
-            b_h3 += state_piece_load(h0_base, 2, i_v, K, V, BKS, BV)
-            b_h4 += state_piece_load(h0_base, 3, i_v, K, V, BKS, BV)
+    b_h1, b_h2, b_h3, b_h4 = load_state_pieces(h0, i_nh, i_v, K, V, BKS, NKS, BV, USE_H0)
     for i_c in range(0, NT):
         t0 = bos + i_c * BT
         n_valid = tl.minimum(eos - t0, BT)
         valid = rows < n_valid
-        h_base = h + ((slot0 + i_c) * HV + i_hv) * K * V
         w_base = w + (t0 * HV + i_hv) * K
         k_base = k + (t0 * H + i_h) * K
-        state_piece_store(h_base, b_h1, 0, i_v, K, V, BKS, BV)
+        store_state_pieces(h + ((slot0 + i_c) * HV + i_hv) * K * V, b_h1, b_h2, b_h3, b_h4, i_v, K, V, BKS, NKS, BV)
         b_wh = mm(rows_tile(w_base, n_valid, HV * K, K, 0, BT, BKS), b_h1.to(DT))
         if NKS > 1:
-            state_piece_store(h_base, b_h2, 1, i_v, K, V, BKS, BV)
             b_wh += mm(rows_tile(w_base, n_valid, HV * K, K, BKS, BT, BKS), b_h2.to(DT))
         if NKS > 2:
-            state_piece_store(h_base, b_h3, 2, i_v, K, V, BKS, BV)
-            state_piece_store(h_base, b_h4, 3, i_v, K, V, BKS, BV)
             b_wh += mm(rows_tile(w_base, n_valid, HV * K, K, 2 * BKS, BT, BKS), b_h3.to(DT))
             b_wh += mm(rows_tile(w_base, n_valid, HV * K, K, 3 * BKS, BT, BKS), b_h4.to(DT))
 
@@ -216,13 +193,7 @@ def state_pass_kernel(
             b_h4 = _state_piece_update(b_h4, k_base, n_valid, 3, b_vnd, decay, H, K, BT, BKS)
 
     if STORE_HT:
-        ht_base = ht + i_nh * K * V
-        state_piece_store(ht_base, b_h1, 0, i_v, K, V, BKS, BV)
-        if NKS > 1:
-            state_piece_store(ht_base, b_h2, 1, i_v, K, V, BKS, BV)
-        if NKS > 2:
-            state_piece_store(ht_base, b_h3, 2, i_v, K, V, BKS, BV)
-            state_piece_store(ht_base, b_h4, 3, i_v, K, V, BKS, BV)
+        store_state_pieces(ht + i_nh * K * V, b_h1, b_h2, b_h3, b_h4, i_v, K, V, BKS, NKS, BV)
 
 
 @triton.jit
