@@ -203,7 +203,7 @@ def copy_bandwidth() -> float:
 def run(benches, out_path):
     device = torch.cuda.get_device_name()
     bandwidth = copy_bandwidth()
-    rows = []
+    rows, table = [], ""
     for b in benches:
         row = {"op": b.name}
         for side, path, call in (("ours", b.ours, b.call), ("peer", b.peer, b.peer_call)):
@@ -227,6 +227,12 @@ def run(benches, out_path):
             row["floor_ms"] = [1e3 * n / bandwidth for n in b.floor_bytes]
         rows.append(row)
         print(json.dumps(row), flush=True)
+        # written after every row, so a run cut short by a time limit keeps what it measured
+        table = write_report(device, bandwidth, rows, out_path)
+    print(table)
+
+
+def write_report(device, bandwidth, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
               "copy_bandwidth_TBps": bandwidth / 1e12, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV},
               "rows": rows, "command": " ".join(sys.argv)}
@@ -237,7 +243,7 @@ def run(benches, out_path):
             json.dump(report, f, indent=1)
         with open(out_path + ".md", "w") as f:
             f.write(table + "\n")
-    print(table)
+    return table
 
 
 def _fmt(x):

@@ -11,7 +11,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-TSV=benchmarks/gpu_plugin_checks.tsv
+LOGS=${FLA_LOG_DIR:-benchmarks}  # where the logs and the timing table go
+mkdir -p "$LOGS"
+TSV=$LOGS/gpu_plugin_checks.tsv
 OPS=chunk_simple_gla,fused_recurrent_simple_gla
 WORKERS=${FLA_SANITIZER_WORKERS:-8}
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
@@ -20,7 +22,7 @@ WORKERS=${FLA_SANITIZER_WORKERS:-8}
 
 step() {  # name, then the pytest arguments
   local name=$1; shift
-  local log=benchmarks/gpu_plugin_checks.$name.log start end rc
+  local log=$LOGS/gpu_plugin_checks.$name.log start end rc
   echo "== $name: pytest $*"
   start=$(date +%s.%N)
   "$PY" -m pytest -p no:cacheprovider -q "$@" >"$log" 2>&1

@@ -1,50 +1,53 @@
 #!/usr/bin/env bash
-# One GPU session's work, in parts that each fit one 10-minute command:
-#   bash benchmarks/gpu_run.sh tests   # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors recorded
-#   bash benchmarks/gpu_run.sh bench   # every op timed against the peer library, table last
-#   bash benchmarks/gpu_run.sh plugin  # the plugin's GPU checks (planted faults, sanitizer, sm80 emulation)
-# Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Outputs go to
-# $OUT (when set) and are copied into benchmarks/results/ by whoever fetched them.
+# One GPU session's work, in three parts that each fit one 10-minute device command:
+#   bash benchmarks/gpu_run.sh bench      # every op timed against the peer library (idle GPU), then the planted faults
+#   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
+#                                         # recorded; the simple_gla checks emulated as sm80 beside it
+#   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
+# Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Each part leaves its
+# logs in $OUT/<part>/ and one archive $OUT/<part>.tgz (a device returns few files); unpack it
+# into benchmarks/results/. The summary is printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-tests}; shift || true
-OUT=${OUT:-/tmp/fla-out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/fla-out}
+LOGS=$OUT/$part; mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+{ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$LOGS/machine.txt"
 case "$part" in
-  session)
-    # Everything one lease allows, in one command: timings first on an idle GPU, then the
-    # conformance suite and the plugin's GPU checks side by side (timings no longer matter).
-    timeout "${FLA_BENCH_TIMEOUT:-240}" python3 benchmarks/bench.py --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log" | grep -v '^{' | tail -30
-    ( timeout "${FLA_PLUGIN_TIMEOUT:-250}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
-        --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla -k "forward or error" > "$OUT/emulated_sm80.log" 2>&1
-      FLA_SMALL_SHAPES=1 timeout "${FLA_PLUGIN_TIMEOUT:-250}" python3 -m pytest tests/test_conformance.py -q -p no:cacheprovider \
-        --fla-ops=chunk_simple_gla --fla-sanitizer=memcheck -n 4 -k "(forward or backward) and fp32" > "$OUT/memcheck.log" 2>&1 ) &
-    FLA_RECORD_ERRORS=$OUT/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-280}" python3 -m pytest tests/test_conformance.py \
-      -n "${FLA_WORKERS:-8}" -v -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
-    wait
-    python3 benchmarks/summarize_errors.py "$OUT/errors.jsonl" > "$OUT/errors.md"
-    echo "== emulated sm80:"; tail -n 3 "$OUT/emulated_sm80.log"
-    echo "== memcheck:"; grep -E "passed|failed|Invalid|error" "$OUT/memcheck.log" | tail -n 5
-    echo "== conformance failures:"; grep -E " FAILED | ERROR " "$OUT/tests.log" | sed 's/ - .*//' | head -40
-    echo "== conformance:"; grep -cE " PASSED " "$OUT/tests.log"; grep -E "passed|failed" "$OUT/tests.log" | tail -n 2
-    cat "$OUT/errors.md"
-    grep -A30 '^| op ' "$OUT/bench.md" 2>/dev/null
+  bench)
+    timeout "${FLA_BENCH_TIMEOUT:-360}" python3 benchmarks/bench.py --out "$LOGS/bench" "$@" > "$LOGS/bench.log" 2>&1
+    echo "bench exit $?" >> "$LOGS/bench.log"
+    FLA_LOG_DIR=$LOGS timeout "${FLA_FAULTS_TIMEOUT:-150}" bash benchmarks/gpu_plugin_checks.sh faults > "$LOGS/faults.out" 2>&1
+    echo "== planted faults:"; grep -E "PASSED|FAILED|SKIPPED|ERROR" "$LOGS/gpu_plugin_checks.faults.log" | sed 's/ - .*//' | tail -n 20
+    echo "== bench:"; grep -E "^Traceback|Error" "$LOGS/bench.log" | sort | uniq -c | head; tail -n 1 "$LOGS/bench.log"
+    cat "$LOGS/bench.md" 2>/dev/null
     ;;
   tests)
-    FLA_RECORD_ERRORS=$OUT/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-540}" python3 -m pytest tests/test_conformance.py \
-      -n "${FLA_WORKERS:-6}" -q -p no:cacheprovider --junitxml="$OUT/junit.xml" -o junit_family=xunit1 "$@" 2>&1 | tee "$OUT/tests.log" | tail -60
-    python3 benchmarks/summarize_errors.py "$OUT/errors.jsonl" | tee "$OUT/errors.md"
+    ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
+        --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
+    FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
+      -n "${FLA_WORKERS:-12}" -v -p no:cacheprovider --durations=15 "$@" > "$LOGS/tests.log" 2>&1
+    echo "conformance exit $?" >> "$LOGS/tests.log"
+    wait
+    python3 benchmarks/summarize_errors.py "$LOGS/errors.jsonl" > "$LOGS/errors.md"
+    echo "== emulated sm80:"; grep -E "FAILED" "$LOGS/emulated_sm80.log" | head; tail -n 2 "$LOGS/emulated_sm80.log"
+    echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -40
+    echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
+    head -n 8 "$LOGS/errors.md"
     ;;
-  bench)
-    python3 benchmarks/bench.py --out "$OUT/bench" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{' | tail -40
-    ;;
-  plugin)
-    bash benchmarks/gpu_plugin_checks.sh "$@" 2>&1 | tee "$OUT/plugin.log" | tail -60
+  sanitizer)
+    for step_limit in plain:120 memcheck:330 repro:80; do
+      FLA_LOG_DIR=$LOGS timeout "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
+    done
+    grep -E "^== |passed|failed|Invalid|=========" "$LOGS/sanitizer.out" | tail -n 20
+    column -t -s $'\t' "$LOGS/gpu_plugin_checks.tsv"
     ;;
 esac
+tar czf "$OUT/$part.tgz" -C "$OUT" "$part"

@@ -3,7 +3,8 @@
     python benchmarks/summarize_errors.py errors.jsonl
 
 Per (dtype, kind): how many comparisons, the largest relative RMS error and the largest
-max-abs error (relative to max |ref|) measured, and which test and tensor it was.
+max-abs error (relative to max |ref|) measured, and which test and tensor it was; then the
+same per (op, dtype, kind), the op read from the test id (``test_forward[op-dtype-case]``).
 """
 
 import json
@@ -12,24 +13,38 @@ from collections import defaultdict
 
 
 def main(path):
-    worst = defaultdict(lambda: {"n": 0, "rel_rms": (0.0, ""), "max_abs": (0.0, "")})
     try:
-        lines = open(path).read().splitlines()
+        records = [json.loads(line) for line in open(path).read().splitlines() if line.strip()]
     except FileNotFoundError:
         print(f"no errors recorded at {path}")
         return
-    for line in lines:
-        r = json.loads(line)
-        w = worst[(r["dtype"], r["kind"])]
+    print_table(records, lambda r: (r["dtype"], r["kind"]), ("dtype", "kind"), with_where=True)
+    print()
+    print_table(records, lambda r: (op_of(r["test"]), r["dtype"], r["kind"]), ("op", "dtype", "kind"), with_where=False)
+
+
+def op_of(test_id: str) -> str:
+    params = test_id.split("[", 1)[1] if "[" in test_id else ""
+    return params.split("-", 1)[0] or "?"
+
+
+def print_table(records, key_of, key_names, with_where):
+    worst = defaultdict(lambda: {"n": 0, "rel_rms": (0.0, ""), "max_abs": (0.0, "")})
+    for r in records:
+        w = worst[key_of(r)]
         w["n"] += 1
         where = f"{r['test'].split('::')[-1]} {r['tensor']}"
         for key in ("rel_rms", "max_abs"):
             if r[key] > w[key][0]:
                 w[key] = (r[key], where)
-    print("| dtype | kind | comparisons | max rel RMS | where | max abs / max|ref| | where |")
-    print("|---|---|---|---|---|---|---|")
-    for (dtype, kind), w in sorted(worst.items()):
-        print(f"| {dtype} | {kind} | {w['n']} | {w['rel_rms'][0]:.2e} | {w['rel_rms'][1]} | {w['max_abs'][0]:.2e} | {w['max_abs'][1]} |")
+    heads = list(key_names) + ["comparisons", "max rel RMS"] + (["where"] if with_where else []) \
+        + ["max abs / max|ref|"] + (["where"] if with_where else [])
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "---|" * len(heads))
+    for key, w in sorted(worst.items()):
+        cells = list(key) + [str(w["n"]), f"{w['rel_rms'][0]:.2e}"] + ([w["rel_rms"][1]] if with_where else []) \
+            + [f"{w['max_abs'][0]:.2e}"] + ([w["max_abs"][1]] if with_where else [])
+        print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
