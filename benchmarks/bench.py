@@ -1,6 +1,6 @@
 """Time every op against the peer library (fla-core) on one GPU, in one run.
 
-    python benchmarks/bench.py [--ops chunk_gla,l2norm] [--out benchmarks/results/NAME]
+    python benchmarks/bench.py [--ops chunk_gla,l2norm] [--warm 8] [--out benchmarks/results/NAME]
 
 For each op: forward and forward+backward medians (``triton.testing.do_bench``, median of
 repeated runs after warm-up, on random inputs), ours and the peer's in the same process,
@@ -143,6 +143,7 @@ BENCHES = [
     Bench("chunk_gla", "kernels.chunk_gla", "fla.ops.gla.chunk_gla", linear_inputs("channel"), ("q", "k", "v", "g")),
     Bench("chunk_delta_rule", "kernels.chunk_delta_rule", "fla.ops.delta_rule.chunk_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta")),
     Bench("chunk_gated_delta_rule", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta")),
+    Bench("fused_recurrent_linear_attn", "kernels.fused_recurrent_linear_attn", "fla.ops.linear_attn.fused_recurrent_linear_attn", linear_inputs(), ("q", "k", "v")),
     Bench("fused_recurrent_simple_gla", "kernels.fused_recurrent_simple_gla", "fla.ops.simple_gla.fused_recurrent_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g")),
     Bench("fused_recurrent_gla", "kernels.fused_recurrent_gla", "fla.ops.gla.fused_recurrent_gla", linear_inputs("channel"), ("q", "k", "v", "g")),
     Bench("fused_recurrent_delta_rule", "kernels.fused_recurrent_delta_rule", "fla.ops.delta_rule.fused_recurrent_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta")),
@@ -168,14 +169,15 @@ def tensors_of(out):
     return [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
 
 
-def time_side(fn, call, make_inputs, grads) -> dict:
+def time_side(fn, call, make_inputs, grads, warm_only=False) -> dict:
     from triton.testing import do_bench
 
     kwargs = make_inputs()
     result = {}
     with torch.no_grad():
         call(fn, dict(kwargs))  # compile / autotune outside the timing
-        result["fwd_ms"] = do_bench(lambda: call(fn, dict(kwargs)), warmup=25, rep=200, return_mode="median")
+        if not warm_only:
+            result["fwd_ms"] = do_bench(lambda: call(fn, dict(kwargs)), warmup=25, rep=200, return_mode="median")
     leaves = {n: kwargs[n].detach().clone().requires_grad_(True) for n in grads}
     kw = {**kwargs, **leaves}
     outs = tensors_of(call(fn, dict(kw)))
@@ -185,7 +187,13 @@ def time_side(fn, call, make_inputs, grads) -> dict:
         o = tensors_of(call(fn, dict(kw)))
         torch.autograd.backward(o, cot[: len(o)])
 
-    fwd_bwd()
+    try:  # a backward that refuses to run still leaves the forward time standing
+        fwd_bwd()
+    except Exception as e:
+        result["bwd_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+        return result
+    if warm_only:
+        return result
     result["fwd_bwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=200, grad_to_none=list(leaves.values()), return_mode="median")
     return result
 
@@ -200,9 +208,9 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() * 4 / (ms * 1e-3)
 
 
-def run(benches, out_path):
+def run(benches, out_path, warm_only=False):
     device = torch.cuda.get_device_name()
-    bandwidth = copy_bandwidth()
+    bandwidth = 0.0 if warm_only else copy_bandwidth()
     rows, table = [], ""
     for b in benches:
         row = {"op": b.name}
@@ -217,13 +225,13 @@ def run(benches, out_path):
                 continue
             t0 = time.time()
             try:
-                row[side] = time_side(fn, call or default_call, b.inputs, b.grads)
+                row[side] = time_side(fn, call or default_call, b.inputs, b.grads, warm_only)
             except Exception as e:
                 row[side] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
                 traceback.print_exc(limit=2)
             row[side]["wall_s"] = round(time.time() - t0, 1)
             torch.cuda.empty_cache()
-        if b.floor_bytes:
+        if b.floor_bytes and bandwidth:
             row["floor_ms"] = [1e3 * n / bandwidth for n in b.floor_bytes]
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -261,7 +269,9 @@ def format_table(report) -> str:
         cells = [row["op"]]
         for key in ("fwd_ms", "fwd_bwd_ms"):
             o, p = ours.get(key), peer.get(key)
-            cells += [_fmt(o) if o else ours.get("error", "-")[:40], _fmt(p) if p else peer.get("error", "-")[:40],
+            why = "error" if key == "fwd_ms" else "bwd_error"
+            cells += [_fmt(o) if o else ours.get(why, ours.get("error", "-"))[:40],
+                      _fmt(p) if p else peer.get(why, peer.get("error", "-"))[:40],
                       f"{p / o:.2f}x" if (o and p) else "-"]
         # reorder: fwd triple then fwd+bwd triple already in order
         floor = row.get("floor_ms")
@@ -279,12 +289,37 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma list of op names (default: all)")
     parser.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    parser.add_argument("--warm", type=int, default=0, metavar="JOBS",
+                        help="first compile every op's kernels, JOBS ops at a time in separate processes "
+                             "(autotune results of that phase are not kept), then time them one by one")
+    parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    benches = BENCHES
-    if args.ops:
-        wanted = set(args.ops.split(","))
-        benches = [b for b in BENCHES if b.name in wanted]
-    run(benches, args.out)
+    by_name = {b.name: b for b in BENCHES}
+    benches = [by_name[name] for name in args.ops.split(",")] if args.ops else BENCHES
+    if args.warm:
+        warm(benches, args.warm)
+    run(benches, args.out, args.warm_only)
+
+
+def warm(benches, jobs):
+    """Fill the Triton cache with every kernel both sides compile, in parallel processes:
+    compiling, not timing, is most of a first call (the peer's autotuning compiles tens of
+    configs per kernel). The peer's on-disk autotune results are switched off here, so the
+    timed run picks its configs on an idle GPU."""
+    import subprocess
+
+    env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
+    pending = [b.name for b in benches]
+    running = []
+    t0 = time.time()
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            running.append(subprocess.Popen([sys.executable, __file__, "--ops", name, "--warm-only"], env=env,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        running = [p for p in running if p.poll() is None]
+        time.sleep(0.5)
+    print(f"warm-up of {len(benches)} ops, {jobs} at a time: {time.time() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
