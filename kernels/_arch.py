@@ -51,6 +51,17 @@ def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def require_arch(op: str, minimum: int, why: str) -> None:
+    """Raise before any launch when the target arch is older than ``minimum``."""
+    arch = target_arch()
+    if arch < minimum:
+        raise NotImplementedError(f"{op}: needs sm{minimum} or newer, the target is sm{arch}: {why}")
+
+
+SM75_TILES = ("sm75 has 64 KB of shared memory and no bf16 tensor cores, and the chunk "
+              "kernels' [64, K] tiles do not fit there")
+
+
 def target_arch() -> int:
     """The compute capability (e.g. 80, 90) that kernel configs are chosen for."""
     for var in ("FLA_TARGET_ARCH", "TRITON_OVERRIDE_ARCH"):

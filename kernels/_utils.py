@@ -51,6 +51,10 @@ def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device) -> torch.Tens
     table = torch.tensor(rows if rows else [[0, 0]], dtype=torch.int32).reshape(-1, 2)[: len(rows)]
     if len(_chunk_maps) > 256:
         _chunk_maps.clear()
-    table = table.to(device)
+    if torch.device(device).type == "cuda":
+        # from pinned memory, asynchronously: a pageable host-to-device copy blocks the host
+        table = table.pin_memory().to(device, non_blocking=True)
+    else:
+        table = table.to(device)
     _chunk_maps[key] = (offsets_host, table)
     return table

@@ -23,7 +23,9 @@ def compile_params(specs) -> list:
         pytest.param(
             spec, direction, arch_name(arch),
             id=f"{spec.name}-{direction}-{arch_name(arch)}",
-            marks=[pytest.mark.fla_op(spec.name), pytest.mark.fla_compile(arch_name(arch))],
+            marks=[pytest.mark.fla_op(spec.name), pytest.mark.fla_compile(arch_name(arch))]
+            + ([pytest.mark.skip(reason=f"{spec.name} supports sm{spec.min_arch[0]} and newer: {spec.min_arch[1]}")]
+               if spec.min_arch and arch < spec.min_arch[0] else []),
         )
         for spec in specs
         if spec.compile_cases

@@ -108,6 +108,9 @@ class OpSpec:
     # Cases at realistic sizes (K=V=128, 256, ...) whose launches are captured and
     # compiled offline for each target arch (the plugin's compile-only mode).
     compile_cases: tuple[Case, ...] = ()
+    # The oldest arch the op supports (e.g. 80) and why; older targets raise
+    # NotImplementedError before any launch, and their compile checks are skipped.
+    min_arch: tuple[int, str] | None = None
     # Dims for the huge-grid check (B*H above 65535); None where the op has no head grid.
     huge_grid: Mapping[str, int] | None = None
     # The input declaration the factory was built from (name -> inputs.Arg), for checks

@@ -116,6 +116,7 @@ import numbers
 
 import torch
 
+from .. import _arch
 from .. import _validate as V_
 from .._utils import chunk_map as build_chunk_map
 from ._chunk_common import CHUNK, choose_configs
@@ -197,6 +198,7 @@ def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
          use_qk_l2norm_in_kernel):
     offsets, N = _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                            gated=g is not None)
+    _arch.require_arch(op, 80, _arch.SM75_TILES)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
     # what the backward reads is kept only when a backward can follow (not under no_grad)

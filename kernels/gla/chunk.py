@@ -704,6 +704,7 @@ def chunk_gla(
     ``[N, H, K, V]`` or None. K and V up to 256.
     """
     offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
+    _arch.require_arch("chunk_gla", 80, _arch.SM75_TILES)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     if initial_state is not None:

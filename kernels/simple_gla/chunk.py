@@ -85,10 +85,15 @@ FP32_WIDE_K_SMEM = 140 * 1024
 SMALL_SMEM = 96 * 1024
 
 
-def _chunk_grad_fits(K: int, dtype) -> bool:
+def _chunk_grad_fits(K: int, dtype, gamma_only: bool = False) -> bool:
     smem = _arch.shared_memory_limit()
     if smem < SMALL_SMEM:
         return False
+    if gamma_only and K > 128:
+        # the constant-decay variant (retention) stages more at K = 256 (offline compile:
+        # 278528 bytes for float32, 192512 for bf16 at 3 stages, 122880 at 1): only the
+        # 16-bit one on sm90 fits
+        return dtype != torch.float32 and smem >= 200 * 1024 and _arch.target_arch() < 100
     if _arch.target_arch() >= 100 and K > 128:
         # sm100's tensor-core path stages more: 237648 bytes for bf16 at K = 256 even with
         # the sm90 config, 393224 for fp32 (offline compile); K > 128 takes the fused backward
@@ -449,7 +454,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         do = do.contiguous()
         if dht is not None:
             dht = dht.contiguous()
-        if not _chunk_grad_fits(K, q.dtype):
+        if not _chunk_grad_fits(K, q.dtype, gamma_only=g is None and g_gamma is not None):
             dq, dk, dv, dg, dh0 = recurrent_backward(
                 q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N,
                 g is not None and ctx.needs_input_grad[3], initial_state is not None and ctx.needs_input_grad[6])

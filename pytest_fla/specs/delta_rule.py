@@ -10,7 +10,7 @@ also normalise inside the kernels. The gated rule is checked with grouped value 
 
 from __future__ import annotations
 
-from .common import STATE, STATE_GVA, Arg, Case, linear_attention_spec
+from .common import SM80_AND_NEWER, STATE, STATE_GVA, Arg, Case, linear_attention_spec
 
 DELTA_ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -38,7 +38,7 @@ L2NORM = {"use_qk_l2norm_in_kernel": True}
 GATED_CASES = (
     Case("gva_state", {**SMALL, "H": 1, "HV": 2}, options=WITH_STATE, gpu_dims={**GPU, "HV": 16}),
     Case("strong_decay_l2norm", {**SMALL, "K": 16}, dist="strong_decay", options={**WITH_STATE, **L2NORM},
-         gpu_dims={**GPU, "K": 256, "V": 256}),
+         gpu_dims={**GPU, "T": 1024, "K": 256, "V": 256}),
     Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
 )
 DELTA_CASES = (
@@ -57,11 +57,11 @@ SPECS = [
     linear_attention_spec(
         "chunk_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
         grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=COMPILE,
-        agrees_with="fused_recurrent_gated_delta_rule",
+        agrees_with="fused_recurrent_gated_delta_rule", min_arch=SM80_AND_NEWER,
     ),
     linear_attention_spec(
         "chunk_delta_rule", "delta_rule", DELTA_ARGS, DELTA_CASES,
         grads=("q", "k", "v", "beta", "initial_state"), chunk_size=64, compile_cases=DELTA_COMPILE,
-        agrees_with="fused_recurrent_delta_rule",
+        agrees_with="fused_recurrent_delta_rule", min_arch=SM80_AND_NEWER,
     ),
 ]

@@ -6,7 +6,7 @@ the kernel's pieces (intra-chunk scores, per-chunk states) and the extreme-decay
 
 from __future__ import annotations
 
-from .common import STATE, Arg, Case, linear_attention_spec
+from .common import SM80_AND_NEWER, STATE, Arg, Case, linear_attention_spec
 
 GLA_ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -28,7 +28,7 @@ WITH_STATE = {"initial_state": True, "output_final_state": True}
 CASES = (
     Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
     Case("no_state", {**SMALL, "K": 8, "V": 8}, gpu_dims={**GPU, "K": 64, "V": 64}),
-    Case("strong_decay", SMALL, dist="strong_decay", options=WITH_STATE, gpu_dims={**GPU, "K": 256, "V": 256}),
+    Case("strong_decay", SMALL, dist="strong_decay", options=WITH_STATE, gpu_dims={**GPU, "T": 1024, "K": 256, "V": 256}),
     Case("wide", {"B": 1, "T": 70, "H": 2, "K": 48, "V": 40}, options=WITH_STATE,
          gpu_dims={**GPU, "K": 96, "V": 200}, checks=("forward", "backward")),
     Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
@@ -42,6 +42,6 @@ SPECS = [
     linear_attention_spec(
         "chunk_gla", "gla", GLA_ARGS, CASES,
         grads=("q", "k", "v", "g", "initial_state"), chunk_size=64,
-        agrees_with="fused_recurrent_gla", compile_cases=COMPILE,
+        agrees_with="fused_recurrent_gla", compile_cases=COMPILE, min_arch=SM80_AND_NEWER,
     ),
 ]
