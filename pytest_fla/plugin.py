@@ -226,6 +226,16 @@ def pytest_runtest_setup(item):
         pytest.skip(f"runs kernels; {target.name} is compile-only here ({target.reason})")
 
 
+def pytest_runtest_teardown(item, nextitem):
+    # Give a test's GPU memory back to the device: workers sharing one GPU would otherwise
+    # each keep their largest test's cache reserved (the float64 references are large).
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch (or initialise CUDA) just for this
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     state = item.config.stash[RUN]
