@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
+#                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 repro:80" sets each step's limit)
 # Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Each part leaves its
 # logs in $OUT/<part>/ and one archive $OUT/<part>.tgz (a device returns few files); unpack it
 # into benchmarks/results/. The summary is printed last.
@@ -12,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-tests}; shift || true
 OUT=${OUT:-/tmp/fla-out}
-LOGS=$OUT/$part; mkdir -p "$LOGS"
+LOGS=$OUT/logs/$part/$part; mkdir -p "$LOGS"  # three levels down: only the archive travels back
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -36,7 +37,7 @@ case "$part" in
     ;;
   tests)
     ( timeout 300 python3 benchmarks/gpu_diagnose.py > "$LOGS/diagnose.log" 2>&1 ) &
-    ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
+    [ "${FLA_EMULATED:-1}" = 1 ] && ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
         --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
     FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
       -n "${FLA_WORKERS:-6}" -v -p no:cacheprovider --durations=15 "$@" > "$LOGS/tests.log" 2>&1
@@ -50,11 +51,11 @@ case "$part" in
     head -n 8 "$LOGS/errors.md"
     ;;
   sanitizer)
-    for step_limit in plain:120 memcheck:330 repro:80; do
+    for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do
       FLA_LOG_DIR=$LOGS timeout "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
     done
     grep -E "^== |passed|failed|Invalid|=========" "$LOGS/sanitizer.out" | tail -n 20
     column -t -s $'\t' "$LOGS/gpu_plugin_checks.tsv"
     ;;
 esac
-tar czf "$OUT/$part.tgz" -C "$OUT" "$part"
+tar czf "$OUT/$part.tgz" -C "$OUT/logs/$part" "$part"

@@ -705,6 +705,12 @@ def chunk_gla(
     """
     offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     _arch.require_arch("chunk_gla", 80, _arch.SM75_TILES)
+    if q.dtype == torch.float32 and q.shape[-1] > 128:
+        # float32 with K > 128 faulted (illegal address) on an H200 at T >= 1024 and has
+        # not been fixed yet: it takes the fused-recurrent kernels, exact and slower
+        from ..gated_recurrent.fused_recurrent import fused_recurrent_gla
+
+        return fused_recurrent_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     if initial_state is not None:
