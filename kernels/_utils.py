@@ -34,6 +34,14 @@ def block_size(n: int, minimum: int = 16) -> int:
 _chunk_maps: dict = {}
 
 
+def host_to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` (on the host) on ``device`` without blocking the host: from pinned memory,
+    asynchronously (a pageable host-to-device copy synchronises)."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device) -> torch.Tensor:
     """For packed sequences: an int32 ``[NT, 2]`` table of (sequence, chunk-in-sequence).
 
@@ -51,10 +59,6 @@ def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device) -> torch.Tens
     table = torch.tensor(rows if rows else [[0, 0]], dtype=torch.int32).reshape(-1, 2)[: len(rows)]
     if len(_chunk_maps) > 256:
         _chunk_maps.clear()
-    if torch.device(device).type == "cuda":
-        # from pinned memory, asynchronously: a pageable host-to-device copy blocks the host
-        table = table.pin_memory().to(device, non_blocking=True)
-    else:
-        table = table.to(device)
+    table = host_to_device(table, device)
     _chunk_maps[key] = (offsets_host, table)
     return table

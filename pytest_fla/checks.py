@@ -264,7 +264,8 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
     """A batch whose tensors hold more than 2**31 elements (32-bit offsets wrap there):
     the last rows must still be right. Forward only, bf16; the rows are tiled from a small
     sample so that drawing inputs stays cheap, and the reference runs on that sample."""
-    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128}, options={"output_final_state": True})
+    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128},
+                options={**spec.cases[0].options, "output_final_state": True})
     small = spec.sample(base, "bf16", device, seed)
     per_row = max(t[0].numel() for name, t in small.tensors().items() if spec.args.get(name) and spec.args[name].layout[0] == "B")
     rows = -(-elements // per_row) + 1

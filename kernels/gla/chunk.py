@@ -549,7 +549,7 @@ def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
     if hit is not None and hit[0] is offsets_host:
         return hit[1]
     n_chunks = (offsets_host[1:] - offsets_host[:-1] + BT - 1) // BT
-    table = torch.cat([n_chunks.new_zeros(1), n_chunks.cumsum(0)]).to(torch.int32).to(device)
+    table = _utils.host_to_device(torch.cat([n_chunks.new_zeros(1), n_chunks.cumsum(0)]).to(torch.int32), device)
     if len(_chunk_offsets_cache) > 256:
         _chunk_offsets_cache.clear()
     _chunk_offsets_cache[key] = (offsets_host, table)
