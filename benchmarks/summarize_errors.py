@@ -24,7 +24,7 @@ def main(path):
 
 
 def op_of(test_id: str) -> str:
-    params = test_id.split("[", 1)[1] if "[" in test_id else ""
+    params = test_id.split("[", 1)[1].rstrip("]") if "[" in test_id else ""
     return params.split("-", 1)[0] or "?"
 
 
