@@ -260,10 +260,33 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
 
 
 
+@contextlib.contextmanager
+def device_exclusive(device):
+    """Hold the device's lock file: xdist workers sharing one GPU take turns at the checks
+    that need a large part of its memory (a 2**31-element batch and its intermediates)."""
+    import fcntl
+    import tempfile
+
+    index = torch.device(device).index or 0
+    with open(f"{tempfile.gettempdir()}/pytest-fla-gpu{index}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) -> None:
     """A batch whose tensors hold more than 2**31 elements (32-bit offsets wrap there):
     the last rows must still be right. Forward only, bf16; the rows are tiled from a small
-    sample so that drawing inputs stays cheap, and the reference runs on that sample."""
+    sample so that drawing inputs stays cheap, and the reference runs on that sample.
+    One such check at a time per GPU (``device_exclusive``)."""
+    with device_exclusive(device):
+        _check_int64_offsets(spec, device, seed, elements)
+        torch.cuda.empty_cache()
+
+
+def _check_int64_offsets(spec: OpSpec, device, seed: int, elements: int) -> None:
     base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128},
                 options={**spec.cases[0].options, "output_final_state": True})
     small = spec.sample(base, "bf16", device, seed)
