@@ -139,6 +139,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch, _utils, _validate
+from ..gated_recurrent.fused_recurrent import fused_recurrent_gla
 
 OP = "chunk_gla"
 BT = 64  # chunk length
@@ -708,8 +709,6 @@ def chunk_gla(
     if q.dtype == torch.float32 and q.shape[-1] > 128:
         # float32 with K > 128 faulted (illegal address) on an H200 at T >= 1024 and has
         # not been fixed yet: it takes the fused-recurrent kernels, exact and slower
-        from ..gated_recurrent.fused_recurrent import fused_recurrent_gla
-
         return fused_recurrent_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
