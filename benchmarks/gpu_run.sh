@@ -36,7 +36,7 @@ case "$part" in
     echo "== planted faults:"; grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$LOGS/gpu_plugin_checks.faults.log" | sed 's/ - .*//' | tail -n 20
     ;;
   tests)
-    ( timeout 300 python3 benchmarks/gpu_diagnose.py > "$LOGS/diagnose.log" 2>&1 ) &
+    ( timeout "${FLA_DIAGNOSE_TIMEOUT:-300}" python3 benchmarks/gpu_diagnose.py > "$LOGS/diagnose.log" 2>&1 ) &
     [ "${FLA_EMULATED:-1}" = 1 ] && ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
         --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
     FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
@@ -44,7 +44,7 @@ case "$part" in
     echo "conformance exit $?" >> "$LOGS/tests.log"
     wait
     python3 benchmarks/summarize_errors.py "$LOGS/errors.jsonl" > "$LOGS/errors.md"
-    echo "== diagnose:"; grep -vE "^\s*$" "$LOGS/diagnose.log" | grep -E "^==|rel|Error|error|done|Invalid|at " | head -60
+    echo "== diagnose:"; grep -vE "^\s*$" "$LOGS/diagnose.log" | grep -E "^==|rel|worst|Error|error|done|Invalid|at " | head -80
     echo "== emulated sm80:"; grep -E "FAILED" "$LOGS/emulated_sm80.log" | head; tail -n 2 "$LOGS/emulated_sm80.log"
     echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -40
     echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
