@@ -218,18 +218,21 @@ def output_kernel(
 
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_q = rows_tile(q + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
         b_kt = rows_tile_t(k + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
         b_h = state_piece_load(h + (slot * HV + i_hv) * K * V, i_k, i_v, K, V, BK, BV)
         b_o += mm(b_q, b_h)
         b_A += mm(b_q, b_kt)
-        if L2NORM:
-            b_qf = b_q.to(tl.float32)
-            b_ss += tl.sum(b_qf * b_qf, axis=1)
 
     if L2NORM:
+        # The norms of q take a loop of their own (the tiles come again from cache): summed
+        # from the tiles of the loop above, pipelined in two stages for the tensor cores,
+        # they came out wrong on sm90 in bf16 (Triton 3.6; rel error 0.3 at K = 128)
+        b_ss = tl.zeros([BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            b_qf = rows_tile(q + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK).to(tl.float32)
+            b_ss += tl.sum(b_qf * b_qf, axis=1)
         b_rq = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         first = (i_v == 0) & (i_hv % (HV // H) == 0)
         tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=valid & first)

@@ -39,6 +39,7 @@ GATED_CASES = (
     Case("gva_state", {**SMALL, "H": 1, "HV": 2}, options=WITH_STATE, gpu_dims={**GPU, "HV": 16}),
     Case("strong_decay_l2norm", {**SMALL, "K": 16}, dist="strong_decay", options={**WITH_STATE, **L2NORM},
          gpu_dims={**GPU, "T": 1024, "K": 256, "V": 256}),
+    Case("l2norm_gva", {**SMALL, "H": 1, "HV": 2, "K": 16, "V": 16}, options=L2NORM, gpu_dims={**GPU, "HV": 16}),
     Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
 )
 DELTA_CASES = (
