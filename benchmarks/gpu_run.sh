@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's work, in parts that each fit one 10-minute device command:
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU)
+#   bash benchmarks/gpu_run.sh sweep      # chunk_gla / chunk_gated_delta_rule forward per config (config_sweep.py)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
@@ -30,6 +31,18 @@ case "$part" in
     echo "bench exit $?" >> "$LOGS/bench.log"
     echo "== bench:"; grep -E "^warm-up|Error" "$LOGS/bench.log" | sort | uniq -c | head; tail -n 1 "$LOGS/bench.log"
     cat "$LOGS/bench.md" 2>/dev/null
+    ;;
+  sweep)
+    # chunk_gla conformance beside the parallel compile of the config variants, then the
+    # variants timed one at a time on the idle GPU
+    ( FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout 300 python3 -m pytest tests/test_conformance.py -n 5 -v \
+        -p no:cacheprovider -k "${FLA_SWEEP_TESTS:-chunk_gla}" > "$LOGS/tests.log" 2>&1 ) &
+    timeout 300 python3 benchmarks/config_sweep.py --phase compile --jobs 8 > "$LOGS/sweep_compile.log" 2>&1
+    wait
+    timeout "${FLA_SWEEP_TIMEOUT:-240}" python3 benchmarks/config_sweep.py --phase time --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
+    echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -20
+    tail -n 1 "$LOGS/tests.log"; grep -v ": ok" "$LOGS/sweep_compile.log" | tail -n 5
+    echo "== sweep:"; cat "$LOGS/sweep.log"
     ;;
   faults)
     FLA_LOG_DIR=$LOGS timeout "${FLA_FAULTS_TIMEOUT:-300}" bash benchmarks/gpu_plugin_checks.sh faults > "$LOGS/faults.out" 2>&1

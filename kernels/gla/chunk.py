@@ -139,7 +139,6 @@ import triton
 import triton.language as tl
 
 from .. import _arch, _utils, _validate
-from ..gated_recurrent.fused_recurrent import fused_recurrent_gla
 
 OP = "chunk_gla"
 BT = 64  # chunk length
@@ -534,7 +533,9 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     state_bv = min(BV_full, 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16)
     return {
         "intra": dict(BK=min(BK, 64), num_warps=8, num_stages=1),
-        "state": dict(BV=state_bv, num_warps=8 if BK >= 128 else 4,
+        # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
+        # (Triton 3.6, memcheck: the state update's product in _states_fwd); 4 do not
+        "state": dict(BV=state_bv, num_warps=8 if BK >= 128 and state_bv >= 32 else 4,
                       num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=8, num_stages=1),
     }
@@ -706,10 +707,6 @@ def chunk_gla(
     """
     offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     _arch.require_arch("chunk_gla", 80, _arch.SM75_TILES)
-    if q.dtype == torch.float32 and q.shape[-1] > 128:
-        # float32 with K > 128 faulted (illegal address) on an H200 at T >= 1024 and has
-        # not been fixed yet: it takes the fused-recurrent kernels, exact and slower
-        return fused_recurrent_gla(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     if initial_state is not None:
