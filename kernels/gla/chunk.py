@@ -532,7 +532,9 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     row_bytes = BK * elt  # one row of a [BT, K] operand tile
     state_bv = min(BV_full, 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16)
     return {
-        "intra": dict(BK=min(BK, 64), num_warps=8, num_stages=1),
+        # bf16: one [64, 128] key block per pass ran the forward in 0.83 ms against 0.95 at 64
+        # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers)
+        "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128), num_warps=8, num_stages=1),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
         # (Triton 3.6, memcheck: the state update's product in _states_fwd); 4 do not
         "state": dict(BV=state_bv, num_warps=8 if BK >= 128 and state_bv >= 32 else 4,
