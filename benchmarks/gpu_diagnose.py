@@ -11,6 +11,7 @@ FLA_PROBE_JOBS (default 6) probes run at once.
 """
 
 import os
+import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -74,27 +75,49 @@ with torch.no_grad():
 print(f"o rel {{errors(o[:1, :, :2], ro)[0]:.2e}} state rel {{errors(s[:1, :2], rs)[0]:.2e}}")
 """
 
+GLA_PARTS = r"""
+import sys, torch, torch.nn.functional as F
+sys.path.insert(0, {root!r})
+import kernels.gla.chunk as gla
+B, T, H, K, dtype, path = {args!r}
+dt = getattr(torch, dtype)
+torch.manual_seed(0)
+q, k, v = (torch.randn(B, T, H, K, device="cuda").to(dt) for _ in range(3))
+g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 0.01).to(dt)
+lay = gla._Layout(q, v, None, None)
+o, ht, (A, q_in, k_out, decay, h) = gla._forward(q, k, v, g, K ** -0.5, None, True, lay, True)
+torch.cuda.synchronize()
+torch.save(dict(o=o, ht=ht, A=A, q_in=q_in, k_out=k_out, decay=decay, h=h), path)
+"""
+
+COMPARE = r"""
+import torch
+a, b = torch.load({a!r}), torch.load({b!r})
+for name in a:
+    x, y = a[name].double(), b[name].double()
+    bad = ~torch.isclose(x, y, rtol=1e-6, atol=1e-30, equal_nan=True)
+    where = bad.nonzero()[:3].tolist() if bad.any() else ""
+    print(f"{{name}}: {{int(bad.sum())}} of {{x.numel()}} differ {{where}}")
+"""
+
+
+def plain_vs_sanitized(tag, args, tool="memcheck"):
+    """Shell steps: the forward plainly, then under the tool, then the two results compared."""
+    plain, checked = f"/tmp/gla_{tag}_plain.pt", f"/tmp/gla_{tag}_{tool}.pt"
+    run = lambda path: [sys.executable, "-c", GLA_PARTS.format(root=ROOT, args=(*args, path))]
+    steps = [run(plain), ["compute-sanitizer", "--tool", tool, "--print-limit", "3", *run(checked)],
+             [sys.executable, "-c", COMPARE.format(a=plain, b=checked)]]
+    return ["bash", "-c", " && ".join(" ".join(shlex.quote(a) for a in step) for step in steps)]
+
 
 def probes():
-    # the slowest first
-    yield "gla fp32 k256 T1024 memcheck", ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "3",
-                                           sys.executable, "-c", GLA_FP32.format(root=ROOT, args=(2, 1024, 8, 256, {}))]
-    # chunk_gated_delta_rule bf16 with the q norms in the output kernel (wrong on sm90 when
-    # summed inside the pipelined product loop): strong and realistic decay, K = 64 .. 256
-    for T, K, norm, l2 in ((1024, 256, 0.01, True), (1024, 128, 0.01, True), (1024, 128, 8.0, True),
-                           (1024, 64, 8.0, True), (1024, 256, 8.0, False)):
-        yield f"gdr {T} {K} {norm} {l2}", [sys.executable, "-c", GDR.format(root=ROOT, args=(T, K, norm, l2, {}))]
-    # chunk_gla float32 K = 256 (bypassing the fused fallback) at the conformance size: which
-    # knob moves the illegal address of _states_fwd
-    for label, args in (("gla fp32 k256 T1024", (2, 1024, 8, 256, {})),
-                        ("gla fp32 k256 T1024 state BV 32", (2, 1024, 8, 256, {"state": {"BV": 32}})),
-                        ("gla fp32 k256 T1024 state 4 warps", (2, 1024, 8, 256, {"state": {"num_warps": 4}})),
-                        ("gla fp32 k256 T1024 ieee", (2, 1024, 8, 256, {"prec": "ieee"})),
-                        ("gla fp32 k256 T1024 tf32", (2, 1024, 8, 256, {"prec": "tf32"})),
-                        ("gla fp32 k256 1x1024x1", (1, 1024, 1, 256, {})),
-                        ("gla fp32 k256 2x128x8", (2, 128, 8, 256, {})),
-                        ("gla fp32 k256 1x256x1", (1, 256, 1, 256, {}))):
-        yield label, [sys.executable, "-c", GLA_FP32.format(root=ROOT, args=args)]
+    # chunk_gla's forward plainly and under each tool: the same bits expected
+    for tag, args in (("fp32_k256", (2, 1024, 8, 256, "float32")), ("bf16_k128", (2, 1024, 8, 128, "bfloat16")),
+                      ("fp32_k128", (2, 1024, 8, 128, "float32"))):
+        yield f"gla {tag} plain vs memcheck", plain_vs_sanitized(tag, args)
+    yield "gla fp32_k256 plain vs racecheck", plain_vs_sanitized("fp32_k256r", (1, 256, 1, 256, "float32"), "racecheck")
+    yield "gla bf16_k128 plain vs racecheck", plain_vs_sanitized("bf16_k128r", (1, 256, 1, 128, "bfloat16"), "racecheck")
+    yield "gla fp32_k256 plain vs initcheck", plain_vs_sanitized("fp32_k256i", (1, 256, 1, 256, "float32"), "initcheck")
 
 
 def run_probe(label, cmd):
