@@ -129,7 +129,7 @@ def run_probe(label, cmd):
         code, out = "timeout", (e.stdout or b"").decode() + (e.stderr or b"").decode()
     lines = [line for line in out.strip().splitlines() if not line.startswith("  warnings.warn")]
     sanitizer = [line for line in lines if line.startswith("=========")][:12]  # the kernel, access, line
-    return f"== {label}: exit {code}\n" + "\n".join(sanitizer + (lines[-8:] if code else lines[-3:]))
+    return f"== {label}: exit {code}\n" + "\n".join(sanitizer + lines[-8:])
 
 
 def main(pattern=""):
