@@ -79,7 +79,7 @@ GLA_PARTS = r"""
 import sys, torch, torch.nn.functional as F
 sys.path.insert(0, {root!r})
 import kernels.gla.chunk as gla
-B, T, H, K, dtype, over, path = {args!r}
+B, T, H, K, dtype, over, *state_prec, path = {args!r}
 dt = getattr(torch, dtype)
 base = gla._configs
 gla._configs = lambda *a: {{name: {{**cfg, **over.get(name, {{}})}} for name, cfg in base(*a).items()}}
@@ -87,6 +87,8 @@ torch.manual_seed(0)
 q, k, v = (torch.randn(B, T, H, K, device="cuda").to(dt) for _ in range(3))
 g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda")) / 0.01).to(dt)
 lay = gla._Layout(q, v, None, None)
+if state_prec:
+    lay.state_prec = state_prec[0]
 o, ht, (A, q_in, k_out, decay, h) = gla._forward(q, k, v, g, K ** -0.5, None, True, lay, True)
 torch.cuda.synchronize()
 torch.save(dict(o=o, ht=ht, A=A, q_in=q_in, k_out=k_out, decay=decay, h=h), path)
@@ -114,14 +116,15 @@ def plain_vs_sanitized(tag, args, tool="memcheck"):
 
 def probes():
     # chunk_gla's forward plainly and under memcheck: the same bits expected. At fp32 K = 256
-    # (a [256, 16] state block) the output differed under memcheck: which configs do not
-    for tag, over in (("default", {}), ("bv32_w4", {"state": {"BV": 32, "num_warps": 4}}),
-                      ("bv32_w8", {"state": {"BV": 32, "num_warps": 8}}),
-                      ("bv64_w8", {"state": {"BV": 64, "num_warps": 8}}),
-                      ("bv16_w2", {"state": {"num_warps": 2}})):
-        yield f"gla fp32_k256 {tag} plain vs memcheck", plain_vs_sanitized(f"fp32_k256_{tag}", (2, 1024, 8, 256, "float32", over))
-    yield "gla fp32_k256 bv32 plain vs racecheck", plain_vs_sanitized(
-        "fp32_k256r", (1, 512, 1, 256, "float32", {"state": {"BV": 32}}), "racecheck")
+    # (a [256, 16] state block, three-pass tf32 products) the output differed under memcheck
+    # in two runs of three; the state passes now use plain fp32 products there. Repeated,
+    # since the difference came and went.
+    tf32 = {"state": {"num_warps": 4}}
+    for rep in range(3):
+        yield f"gla fp32_k256 default #{rep} plain vs memcheck", plain_vs_sanitized(
+            f"fp32_k256_{rep}", (2, 1024, 8, 256, "float32", {}))
+        yield f"gla fp32_k256 tf32x3 #{rep} plain vs memcheck", plain_vs_sanitized(
+            f"fp32_k256_tf32_{rep}", (2, 1024, 8, 256, "float32", tf32, "tf32x3"))
 
 
 def run_probe(label, cmd):

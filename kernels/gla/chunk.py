@@ -536,7 +536,8 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers)
         "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128), num_warps=8, num_stages=1),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
-        # (Triton 3.6, memcheck: the state update's product in _states_fwd); 4 do not
+        # (Triton 3.6, memcheck: the state update's product in _states_fwd); see also
+        # _Layout.state_prec
         "state": dict(BV=state_bv, num_warps=8 if BK >= 128 and state_bv >= 32 else 4,
                       num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=8, num_stages=1),
@@ -586,6 +587,10 @@ class _Layout:
         self.work = torch.float32 if q.dtype == torch.float16 else q.dtype
         self.cfg = _configs(K, self.V, self.work)
         self.dot, self.prec = _dot_types(self.work)
+        # fp32 state passes at a 16-wide value block (K > 128): on sm90 their three-pass
+        # tf32 products read shared memory out of bounds at 8 warps, and at 4 gave outputs
+        # that changed between runs under memcheck (Triton 3.6); plain fp32 products did not
+        self.state_prec = "ieee" if self.work == torch.float32 and self.cfg["state"]["BV"] < 32 else self.prec
 
     def common(self):
         return dict(T=self.T, NT=self.NT, H=self.H, K=self.K, BT=BT, DOT=self.dot, PREC=self.prec,
@@ -610,7 +615,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     cfg = lay.cfg["state"]
     _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, v, decay, A, initial_state, o, h_chunks, final_state, lay.cu_seqlens, lay.chunk_offsets,
-        **lay.common(), V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
+        **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_H_CHUNKS=save_states,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
@@ -626,7 +631,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     cfg = lay.cfg["state"]
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
-        **lay.common(), V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     dq = _utils.empty_like(q)
