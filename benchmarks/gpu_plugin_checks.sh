@@ -36,7 +36,7 @@ step() {  # name, then the pytest arguments
 want() { [ "${1}" = all ] || [ "${1}" = "$2" ]; }
 WHAT=${1:-all}
 # Warm the per-target Triton caches first, so 'plain' and 'memcheck' time the checks, not compilation.
-want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py --fla-ops=$OPS -x >/dev/null 2>&1
+want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" >/dev/null 2>&1
 want "$WHAT" faults && step faults tests/plugin -v -rs
 want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 --fla-ops=$OPS
 want "$WHAT" plain && step plain tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS"

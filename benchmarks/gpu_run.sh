@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU)
 #   bash benchmarks/gpu_run.sh sweep      # chunk_gla / chunk_gated_delta_rule forward per config (config_sweep.py)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
+#   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
@@ -43,6 +44,14 @@ case "$part" in
     echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -20
     tail -n 1 "$LOGS/tests.log"; grep -v ": ok" "$LOGS/sweep_compile.log" | tail -n 5
     echo "== sweep:"; cat "$LOGS/sweep.log"
+    ;;
+  multigpu)
+    # -n auto on a machine with several GPUs: one worker per GPU, each pinned to its own
+    timeout 240 python3 -m pytest tests/plugin/test_gpu_faults.py -k auto_runs -v -p no:cacheprovider -rs > "$LOGS/pinning.log" 2>&1
+    timeout 300 python3 -m pytest tests/test_conformance.py --fla-ops=chunk_simple_gla -n auto -v -p no:cacheprovider > "$LOGS/auto.log" 2>&1
+    nvidia-smi -L >> "$LOGS/machine.txt"
+    echo "== pinning:"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error" "$LOGS/pinning.log" | tail -n 8
+    echo "== -n auto:"; head -n 12 "$LOGS/auto.log" | grep -E "fla|created|platform"; tail -n 2 "$LOGS/auto.log"
     ;;
   faults)
     FLA_LOG_DIR=$LOGS timeout "${FLA_FAULTS_TIMEOUT:-300}" bash benchmarks/gpu_plugin_checks.sh faults > "$LOGS/faults.out" 2>&1

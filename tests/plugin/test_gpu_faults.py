@@ -129,3 +129,33 @@ def test_emulation_enforces_the_targets_shared_memory(project, arch, passes):
         result.assert_outcomes(failed=1)
         assert "OutOfResources" in result.stdout.str()
         assert "Required: 131072, Hardware limit: 101376" in result.stdout.str()
+
+
+PIN_REPORT = '''
+import os, pathlib, pytest, torch
+
+@pytest.mark.parametrize("i", range(8))
+def test_where_am_i(i):
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    x = torch.ones(4, device="cuda")
+    pathlib.Path(f"pin-{worker}-{i}.txt").write_text(
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES')} {torch.cuda.device_count()} {x.device}")
+'''
+
+
+@pytest.mark.skipif(GPU is None or GPU.count < 2, reason="needs two GPUs: one xdist worker pinned to each")
+def test_auto_runs_one_worker_per_gpu_each_pinned(project):
+    project.makepyfile(test_pin=PIN_REPORT)
+    result = run(project, "-n", "auto", "-v")
+    result.assert_outcomes(passed=8)
+    out = result.stdout.str()
+    assert f"created: {GPU.count}/{GPU.count} workers" in out
+    reports = {}
+    for path in project.path.glob("pin-*.txt"):
+        reports.setdefault(path.name.split("-")[1], set()).add(path.read_text())
+    # every worker sees exactly one GPU, a different one, as cuda:0
+    assert len(reports) == GPU.count, reports
+    seen = [next(iter(r)) for r in reports.values()]
+    assert all(len(r) == 1 for r in reports.values()), reports
+    assert all(s.split()[1:] == ["1", "cuda:0"] for s in seen), seen
+    assert len({s.split()[0] for s in seen}) == GPU.count, seen
