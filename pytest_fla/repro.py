@@ -115,7 +115,9 @@ class ReproItem(pytest.Item):
                 env=dict(env, **sanitizer.environment()), cwd=self.path.parent,
             )
             result = sanitizer.parse(tool, checked.stdout)
-            if not result.clean or checked.returncode != 0:
+            # the tool's own exit code (255) stands in for the program's when it made no CUDA
+            # call; the plain run above already showed the program behaves
+            if not result.clean or (checked.returncode != 0 and not result.untouched):
                 raise ReproFailed(f"{result.describe()}\n{self._describe(checked, 'under ' + tool)}")
 
     def _describe(self, run, what: str) -> str:

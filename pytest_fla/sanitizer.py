@@ -17,6 +17,9 @@ from pathlib import Path
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 PREFIX = "========= "
 SUMMARY_RE = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+# A program that never calls CUDA (a compile-only check, a CPU test) leaves the tool
+# nothing to instrument: it prints this instead of a summary and exits 255.
+NO_CUDA_CALL = "Target application terminated before first instrumented API call"
 LOCATION_RE = re.compile(r"at (?P<kernel>\S+?)(?:\+0x[0-9a-f]+)? in (?P<file>[^\s:]+):(?P<line>\d+)")
 
 
@@ -95,12 +98,15 @@ class SanitizerResult:
     tool: str
     findings: list[Finding]
     summary: int | None  # the tool's own error count; None if it never printed one
+    untouched: bool = False  # the program made no CUDA call: nothing ran on the device
 
     @property
     def clean(self) -> bool:
-        return self.summary == 0 and not self.findings
+        return not self.findings and (self.summary == 0 or (self.summary is None and self.untouched))
 
     def describe(self) -> str:
+        if self.untouched and self.summary is None:
+            return f"compute-sanitizer {self.tool}: the program made no CUDA call (nothing ran on the device)"
         if self.summary is None:
             return f"compute-sanitizer {self.tool} printed no error summary: it did not finish"
         head = f"compute-sanitizer {self.tool}: {self.summary} error(s)"
@@ -111,13 +117,16 @@ def parse(tool: str, output: str) -> SanitizerResult:
     """Read the ``========= `` lines of compute-sanitizer's output into findings."""
     findings: list[Finding] = []
     summary = None
+    untouched = False
     current: list[str] | None = None
     for raw in output.splitlines():
         if not raw.startswith(PREFIX.rstrip()):
             continue
         line = raw[len(PREFIX) :] if raw.startswith(PREFIX) else ""
         match = SUMMARY_RE.search(line)
-        if match:
+        if NO_CUDA_CALL in line:
+            untouched, current = True, None
+        elif match:
             summary = int(match.group(1))
             current = None
         elif not line.strip() or line.startswith("COMPUTE-SANITIZER"):
@@ -128,4 +137,4 @@ def parse(tool: str, output: str) -> SanitizerResult:
         else:
             current = [line.strip()]
             findings.append(Finding(current))
-    return SanitizerResult(tool, findings, summary)
+    return SanitizerResult(tool, findings, summary, untouched)

@@ -1,0 +1,63 @@
+"""Reading compute-sanitizer's output: findings, the error summary, and programs that
+never call CUDA (compile-only checks), which the tool reports without a summary."""
+
+from __future__ import annotations
+
+from pytest_fla import sanitizer
+
+CLEAN = """\
+========= COMPUTE-SANITIZER
+some program output
+========= ERROR SUMMARY: 0 errors
+"""
+
+ONE_READ = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31
+=========     by thread (999,0,0) in block (0,0,0)
+=========     Address 0x7f0000000fa0 is out of bounds
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+NO_CUDA = """\
+========= COMPUTE-SANITIZER
+sm90: 1 launches, 1 distinct kernels compiled
+passed, as expected
+========= Error: Target application terminated before first instrumented API call
+"""
+
+CUT_SHORT = """\
+========= COMPUTE-SANITIZER
+half of a program's output
+"""
+
+
+def test_a_clean_run():
+    result = sanitizer.parse("memcheck", CLEAN)
+    assert result.clean and result.summary == 0 and not result.untouched
+
+
+def test_a_finding_names_kernel_access_and_line():
+    result = sanitizer.parse("memcheck", ONE_READ)
+    assert not result.clean and result.summary == 1
+    text = result.describe()
+    assert "Invalid __global__ read of size 4 bytes" in text and "faulty_kernels.py:31" in text
+
+
+def test_a_program_without_cuda_calls_is_clean_and_says_so():
+    result = sanitizer.parse("memcheck", NO_CUDA)
+    assert result.untouched and result.clean and not result.findings
+    assert "made no CUDA call" in result.describe()
+
+
+def test_a_run_cut_short_is_not_clean():
+    result = sanitizer.parse("memcheck", CUT_SHORT)
+    assert not result.clean and result.summary is None
+    assert "did not finish" in result.describe()
+
+
+def test_no_cuda_call_does_not_excuse_findings():
+    result = sanitizer.parse("memcheck", ONE_READ.replace("========= ERROR SUMMARY: 1 error\n", "") + NO_CUDA)
+    assert not result.clean
