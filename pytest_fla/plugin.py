@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -82,9 +83,17 @@ def pytest_addoption(parser):
 def _role(config) -> str:
     if getattr(config.option, "fla_child", None) or getattr(config.known_args_namespace, "fla_child", None):
         return "child"
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or _xdist_worker_process():
         return "worker"
     return "controller"
+
+
+def _xdist_worker_process() -> bool:
+    """True in an xdist worker even before xdist gives its config ``workerinput`` (which
+    happens after the early hooks): xdist sets the variable and execnet starts the worker
+    as ``python -c``. A pytest started from inside a worker's test inherits the variable
+    but not that command line."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and sys.argv[:1] == ["-c"]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -95,8 +104,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if role == "child":
         return
     if role == "worker":
+        # before probe_gpu below: the driver reads CUDA_VISIBLE_DEVICES once, at cuInit
         distribute.pin_worker_to_gpu()
-        return
     if options.fla_blocking:
         os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     gpu = targets.probe_gpu()
@@ -164,9 +173,11 @@ def pytest_report_header(config):
     return lines
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker per visible GPU (None: xdist's default, one per CPU)."""
+    """``-n auto``: one worker per visible GPU (None: xdist's default, one per CPU).
+
+    tryfirst: xdist's own implementation always answers, and the first answer wins."""
     gpus = [g for g in os.environ.get(distribute.GPUS_ENV, "").split(",") if g]
     return len(gpus) or None
 

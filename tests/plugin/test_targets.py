@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from plugin_testing import cpu_only, run
+
 from pytest_fla import targets
 from pytest_fla.targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Gpu
 
@@ -88,3 +90,28 @@ def test_the_plugins_limits_are_the_kernels_limits():
     import kernels._arch
 
     assert targets.SHARED_MEMORY_LIMIT == kernels._arch.SHARED_MEMORY_LIMIT
+
+
+PIN_REPORT = '''
+import os, pathlib
+
+def test_a():
+    pathlib.Path(f"pin-{os.environ['PYTEST_XDIST_WORKER']}-a.txt").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+
+def test_b():
+    pathlib.Path(f"pin-{os.environ['PYTEST_XDIST_WORKER']}-b.txt").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+'''
+
+
+@cpu_only
+def test_auto_starts_one_worker_per_gpu_and_pins_each(pytester, monkeypatch):
+    """The controller's GPU list (FLA_GPUS, as it found them) sets -n auto's worker count,
+    and each worker sees only its own GPU. On a CPU machine the list is given by hand; the
+    multi-GPU run of the same thing is in test_gpu_faults.py."""
+    monkeypatch.setenv("FLA_GPUS", "3,5")
+    pytester.makepyfile(test_pin=PIN_REPORT)
+    result = run(pytester, "-n", "auto", "--dist", "each", "-v")
+    result.assert_outcomes(passed=4)
+    assert "created: 2/2 workers" in result.stdout.str()
+    seen = {p.name.split("-")[1]: p.read_text() for p in pytester.path.glob("pin-*.txt")}
+    assert seen == {"gw0": "3", "gw1": "5"}
