@@ -589,8 +589,11 @@ class _Layout:
         self.dot, self.prec = _dot_types(self.work)
         # fp32 state passes at a 16-wide value block (K > 128): on sm90 their three-pass
         # tf32 products read shared memory out of bounds at 8 warps, and at 4 gave outputs
-        # that changed between runs under memcheck (Triton 3.6); plain fp32 products did not
-        self.state_prec = "ieee" if self.work == torch.float32 and self.cfg["state"]["BV"] < 32 else self.prec
+        # that changed between runs under memcheck (Triton 3.6); plain fp32 products did not.
+        # Those stage 150-160 KB, more than the 100 KB parts have (compile-only checks),
+        # which keep the three-pass products.
+        plain_fp32 = self.work == torch.float32 and self.cfg["state"]["BV"] < 32
+        self.state_prec = "ieee" if plain_fp32 and _arch.shared_memory_limit() >= 160_000 else self.prec
 
     def common(self):
         return dict(T=self.T, NT=self.NT, H=self.H, K=self.K, BT=BT, DOT=self.dot, PREC=self.prec,
