@@ -138,12 +138,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _arch, _utils, _validate
+from .. import _arch, _utils
+from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
 BT = 64  # chunk length
 LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition
-MAX_HEAD_DIM = 256
 
 
 # --------------------------------------------------------------------------------------
@@ -672,27 +672,12 @@ class _ChunkGLA(torch.autograd.Function):
 
 
 def _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
-        _validate.check_tensor(OP, name, t)
-    _validate.check_same_dtype(OP, q=q, k=k, v=v)
-    device = _validate.check_devices(OP, q=q, k=k, v=v, g=g, initial_state=initial_state)
-    _validate.check_ndim(OP, "q", q, 4, "[B, T, H, K]")
-    B, T, H, K = q.shape
-    _validate.check_shape(OP, "k", k, (B, T, H, K), "[B, T, H, K]")
-    _validate.check_ndim(OP, "v", v, 4, "[B, T, H, V]")
-    V = v.shape[-1]
-    _validate.check_shape(OP, "v", v, (B, T, H, V), "[B, T, H, V]")
-    _validate.check_shape(OP, "g", g, (B, T, H, K), "[B, T, H, K]")
-    _validate.check_range(OP, "the key head dim K", K, 1, MAX_HEAD_DIM)
-    _validate.check_range(OP, "the value head dim V", V, 1, MAX_HEAD_DIM)
-    if scale is not None and not isinstance(scale, (int, float)):
-        raise TypeError(f"{OP}: `scale` must be a float or None, got {type(scale).__name__}")
+    """The checks every gated recurrence shares (g as a per-channel gate); the host offsets."""
     if not isinstance(output_final_state, bool):
         raise TypeError(f"{OP}: `output_final_state` must be a bool, got {type(output_final_state).__name__}")
-    offsets_host = _validate.check_cu_seqlens(OP, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets_host is None else offsets_host.numel() - 1
-    _validate.check_initial_state(OP, initial_state, (N, H, K, V))
-    return offsets_host
+    inputs = check_gated_inputs(OP, q, k, v, gk=g, scale=scale, initial_state=initial_state,
+                                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, gk_name="g")
+    return inputs.offsets_host
 
 
 def chunk_gla(
