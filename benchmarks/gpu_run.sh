@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
+#   bash benchmarks/gpu_run.sh sanicost   # one test's time under memcheck, by kernel filter (sanitizer_cost.py)
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
 #                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 repro:80" sets each step's limit)
 # Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Each part leaves its
@@ -71,6 +72,12 @@ case "$part" in
     echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -40
     echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
     head -n 8 "$LOGS/errors.md"
+    ;;
+  sanicost)
+    # where a test's time goes under memcheck (sanitizer_cost.py), probes several at a time
+    timeout "${FLA_SANICOST_TIMEOUT:-420}" python3 benchmarks/sanitizer_cost.py --jobs "${FLA_PROBE_JOBS:-8}" \
+      --timeout "${FLA_PROBE_TIMEOUT:-240}" --out "$LOGS" > "$LOGS/sanitizer_cost.log" 2>&1
+    cat "$LOGS/sanitizer_cost.log"
     ;;
   sanitizer)
     for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do
