@@ -14,7 +14,7 @@ PY=${PYTHON:-python3}
 LOGS=${FLA_LOG_DIR:-benchmarks}  # where the logs and the timing table go
 mkdir -p "$LOGS"
 TSV=$LOGS/gpu_plugin_checks.tsv
-OPS=chunk_simple_gla,fused_recurrent_simple_gla
+OPS=${FLA_SANITIZER_OPS:-chunk_simple_gla,fused_recurrent_simple_gla}  # one op per call fits a 10-minute cap
 WORKERS=${FLA_SANITIZER_WORKERS:-8}
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || echo "note: editable install failed; the pytest11 entry point must already be registered"
@@ -25,7 +25,7 @@ step() {  # name, then the pytest arguments
   local log=$LOGS/gpu_plugin_checks.$name.log start end rc
   echo "== $name: pytest $*"
   start=$(date +%s.%N)
-  "$PY" -m pytest -p no:cacheprovider -q "$@" >"$log" 2>&1
+  "$PY" -m pytest -p no:cacheprovider -q "$@" >>"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
   tail -n 25 "$log"
@@ -39,8 +39,10 @@ WHAT=${1:-all}
 want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" >/dev/null 2>&1
 want "$WHAT" faults && step faults tests/plugin -v -rs
 want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 --fla-ops=$OPS
-want "$WHAT" plain && step plain tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS"
-want "$WHAT" memcheck && step memcheck tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck -n "$WORKERS"
+# -v and a JSON report: every test's outcome and duration, even from a run cut short
+want "$WHAT" plain && step plain tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
+want "$WHAT" memcheck && step memcheck tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck -n "$WORKERS" -v \
+  --fla-report="$LOGS/report.memcheck.json"
 want "$WHAT" repro && step repro tests/repro --fla-sanitizer=memcheck -v
 
 echo
