@@ -242,7 +242,9 @@ def check_huge_grid(spec: OpSpec, dtype: str, device, seed: int) -> None:
         return
     # the first case's options (a gated norm needs its gate), at the huge sizes
     case = Case("huge_grid", dict(spec.huge_grid), options={**spec.cases[0].options, "output_final_state": True})
-    check_forward(spec, case, dtype, device, seed)
+    with device_exclusive(device):
+        check_forward(spec, case, dtype, device, seed)
+        torch.cuda.empty_cache()
 
 
 def dtype_skip_reason(dtype: str, device) -> str | None:
@@ -260,20 +262,13 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
 
 
 
-@contextlib.contextmanager
 def device_exclusive(device):
-    """Hold the device's lock file: xdist workers sharing one GPU take turns at the checks
-    that need a large part of its memory (a 2**31-element batch and its intermediates)."""
-    import fcntl
-    import tempfile
+    """This process alone on ``device``'s GPU (other workers' checks wait): for the checks
+    that need a large part of its memory (a 2**31-element batch, a B*H > 65535 batch with
+    its float64 reference)."""
+    from . import gpu_share
 
-    index = torch.device(device).index or 0
-    with open(f"{tempfile.gettempdir()}/pytest-fla-gpu{index}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return gpu_share.for_device(torch.device(device)).alone()
 
 
 def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_fla import checks
+from pytest_fla import checks, gpu_share
 from pytest_fla.packings import packings
 from pytest_fla.specs import all_specs
 
@@ -40,7 +40,13 @@ def device(request):
     reason = dtype and checks.dtype_skip_reason(dtype, device)
     if reason:
         pytest.skip(reason)
-    return device
+    if device.type != "cuda":
+        yield device
+        return
+    # Side by side with the other workers' checks on this GPU; the few that need most of
+    # its memory hold it alone (checks.device_exclusive) and wait for these to finish.
+    with gpu_share.for_device(device).shared():
+        yield device
 
 
 @pytest.mark.parametrize("spec,dtype,case", _case_params("forward"))

@@ -1,0 +1,80 @@
+"""Sharing one GPU between the processes that test on it (xdist workers, isolated children).
+
+Most checks need a few GB and run side by side. A few (a batch of 2**31 elements) need a
+large part of the card: beside fifteen others on an 80 GB H100 they ran it out of memory
+(measured: 34 of 142 simple_gla checks failed with CUDA OOM at 16 workers). So every
+check holds its GPU's lock shared, and those few hold it alone.
+
+A process waiting to hold it alone goes first (it takes a turnstile that new shared
+holders must pass), or a steady stream of shared holders could keep it waiting until the
+run's end. Locks are ``flock`` on files in the temp directory, named by the physical GPU,
+so they work across unrelated processes and vanish with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+
+_SHARES: dict[str, "GpuShare"] = {}
+
+
+class GpuShare:
+    def __init__(self, name: str, directory: str | None = None):
+        base = os.path.join(directory or tempfile.gettempdir(), f"pytest-fla-gpu-{name}")
+        self._lock = open(base + ".lock", "a")
+        self._turnstile = open(base + ".turnstile", "a")
+        self._shared_depth = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        """Run beside other shared holders; wait while anyone holds (or waits for) it alone."""
+        if self._shared_depth:
+            self._shared_depth += 1
+            try:
+                yield
+            finally:
+                self._shared_depth -= 1
+            return
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self._lock, fcntl.LOCK_SH)
+        fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        self._shared_depth = 1
+        try:
+            yield
+        finally:
+            self._shared_depth = 0
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def alone(self):
+        """Run with no other holder. Inside ``shared()`` the shared hold is given up first:
+        two processes each keeping theirs while waiting for the other's would deadlock."""
+        was_shared = self._shared_depth > 0
+        if was_shared:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            # back to shared while still holding the turnstile, so no one slips in between
+            fcntl.flock(self._lock, fcntl.LOCK_SH if was_shared else fcntl.LOCK_UN)
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
+
+def physical_gpu(index: int) -> str:
+    """The GPU behind CUDA device ``index`` of this process, as CUDA_VISIBLE_DEVICES names
+    it: workers pinned to different GPUs must not share a lock."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
+def for_device(device) -> GpuShare:
+    """The share of ``device`` (a torch CUDA device), one per GPU per process."""
+    name = physical_gpu(device.index or 0)
+    if name not in _SHARES:
+        _SHARES[name] = GpuShare(name)
+    return _SHARES[name]

@@ -1,0 +1,74 @@
+"""The GPU share between processes: shared holders run together, an exclusive holder runs
+alone and goes before shared holders that came after it. Plain processes and lock files;
+no GPU needed."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from pytest_fla.gpu_share import GpuShare, physical_gpu
+
+
+def _hold(directory, mode, seconds, log, start_after=0.0):
+    time.sleep(start_after)
+    share = GpuShare("test", directory)
+    with share.shared():
+        if mode == "alone":
+            with share.alone():
+                log.put((mode, "in", time.monotonic()))
+                time.sleep(seconds)
+                log.put((mode, "out", time.monotonic()))
+        else:
+            log.put((mode, "in", time.monotonic()))
+            time.sleep(seconds)
+            log.put((mode, "out", time.monotonic()))
+
+
+def _run(tmp_path, plan):
+    ctx = multiprocessing.get_context("fork")
+    log = ctx.Queue()
+    procs = [ctx.Process(target=_hold, args=(str(tmp_path), *p[:2], log, p[2])) for p in plan]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0, "a holder hung or failed (deadlock?)"
+    events = [log.get(timeout=5) for _ in range(2 * len(plan))]
+    return sorted(events, key=lambda e: e[2])
+
+
+def _intervals(events, mode):
+    ins = [t for m, w, t in events if m == mode and w == "in"]
+    outs = [t for m, w, t in events if m == mode and w == "out"]
+    return list(zip(sorted(ins), sorted(outs)))
+
+
+def test_shared_holders_overlap(tmp_path):
+    events = _run(tmp_path, [("shared", 0.6, 0.0), ("shared", 0.6, 0.0)])
+    (a0, a1), (b0, b1) = _intervals(events, "shared")
+    assert b0 < a1, "two shared holders ran one after the other"
+
+
+def test_an_exclusive_holder_runs_alone_and_before_later_shared_ones(tmp_path):
+    # shared holder first; then one waiting to be alone; then another shared one, which
+    # must wait behind the exclusive one (writer preference), not slip in beside the first
+    events = _run(tmp_path, [("shared", 0.8, 0.0), ("alone", 0.4, 0.2), ("late", 0.2, 0.4)])
+    (s0, s1), = _intervals(events, "shared")
+    (x0, x1), = _intervals(events, "alone")
+    (l0, l1), = _intervals(events, "late")
+    assert x0 >= s1, "the exclusive holder started while a shared one still ran"
+    assert l0 >= x1, "a later shared holder ran beside (or before) the waiting exclusive one"
+
+
+def test_two_exclusive_holders_inside_shared_holds_do_not_deadlock(tmp_path):
+    events = _run(tmp_path, [("alone", 0.3, 0.0), ("alone", 0.3, 0.0)])
+    (a0, a1), (b0, b1) = _intervals(events, "alone")
+    assert b0 >= a1, "two exclusive holders overlapped"
+
+
+def test_pinned_workers_lock_their_own_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert physical_gpu(0) == "3" and physical_gpu(1) == "5"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert physical_gpu(1) == "1"
