@@ -733,3 +733,56 @@ def test_computes_on_the_inputs_device(case):
         o, final = case(packed, cu_seqlens=torch.tensor([0, T, T, 2 * T]))
         assert o.device.type == "meta"
         assert final is None or final.device.type == "meta"
+
+
+def _outputs_and_grads(case, layout, T):
+    lengths = [T // 2, 0, T - T // 2] if layout == "varlen" else None
+    B, H, K, V = (1 if lengths else 2), 2, 3, 4
+    inputs = {name: x.requires_grad_() for name, x in case.make(B, T, H, K, V).items()}
+    S0 = initial_state_for(case, len(lengths) if lengths else B, H, K, V).requires_grad_()
+    o, final = case(inputs, S0, None if lengths is None else cumulative(lengths))
+    leaves = [*inputs.values(), S0]
+    grads = torch.autograd.grad((o * o.detach().cos()).sum() + final.sum(), leaves)
+    return [o, final, *grads]
+
+
+@pytest.mark.parametrize("layout", ["batch2", "varlen"])
+@pytest.mark.parametrize("name", ["simple_gla", "gla", "gated_delta_rule_gva", "dplr_delta_rule", "hgrn"])
+def test_checkpointed_scan_gives_the_same_outputs_and_gradients(name, layout, monkeypatch):
+    """Long scans under autograd recompute their steps segment by segment in backward:
+    the numbers must not change."""
+    from reference import _recurrence
+
+    case, T = CASES[name], 23
+    torch.manual_seed(1)
+    plain = _outputs_and_grads(case, layout, T)
+    monkeypatch.setattr(_recurrence, "CHECKPOINT_MIN_STEPS", 1)
+    torch.manual_seed(1)
+    segmented = _outputs_and_grads(case, layout, T)
+    for a, b in zip(plain, segmented):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_checkpointed_scan_saves_about_sqrt_T_states(monkeypatch):
+    """What autograd keeps from a 256-step scan: with segments, a few states per segment
+    start instead of several per step."""
+    from reference import _recurrence
+
+    def saved_bytes(min_steps):
+        monkeypatch.setattr(_recurrence, "CHECKPOINT_MIN_STEPS", min_steps)
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        inputs = {n: x.requires_grad_() for n, x in CASES["gla"].make(1, 256, 2, 16, 16).items()}
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            o, _ = CASES["gla"](inputs)
+        return total
+
+    state_bytes = 2 * 16 * 16 * 8
+    every_step, segmented = saved_bytes(10**9), saved_bytes(1)
+    assert every_step > 256 * state_bytes, "the unsegmented scan should keep a state per step"
+    assert segmented < every_step / 4, (segmented, every_step)
