@@ -1,0 +1,97 @@
+"""--fla-sanitizer end to end on any machine: a stand-in ``compute-sanitizer`` on the PATH
+runs the program it is given and prints what the real tool prints (a clean summary, or a
+finding when the test asks for one). What is checked is the plugin's part: each test re-run
+in a subprocess under the tool, with the allocator cache off and blocking launches, a
+finding failing the test with its kernel, access and line, and a clean run passing it.
+The real tool on the planted faults: test_gpu_faults.py."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from plugin_testing import run
+
+STAND_IN = r'''#!/usr/bin/env python3
+import os, subprocess, sys
+args = sys.argv[1:]
+tool = None
+while args and args[0].startswith("--"):  # every option the plugin passes takes a value
+    if args[0] == "--tool":
+        tool = args[1]
+    args = args[2:]
+with open(os.environ["FAKE_SANITIZER_LOG"], "a") as log:
+    log.write(f"{tool} {os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING')} {os.environ.get('CUDA_LAUNCH_BLOCKING')}\n")
+print("========= COMPUTE-SANITIZER", flush=True)
+code = subprocess.call(args, env=dict(os.environ, FAKE_UNDER_TOOL="1"))
+if os.path.exists(os.environ["FAKE_SANITIZER_FINDING"]):
+    print("========= Invalid __global__ read of size 4 bytes")
+    print("=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31")
+    print("=========     Address 0x7f0000000fa0 is out of bounds")
+    print("========= ERROR SUMMARY: 1 error")
+else:
+    print("========= ERROR SUMMARY: 0 errors")
+sys.exit(code)
+'''
+
+PROJECT = '''
+import os
+
+def under_tool(name):
+    if os.environ.get("FAKE_UNDER_TOOL"):
+        with open(os.environ["FAKE_SANITIZER_LOG"] + ".tests", "a") as f:
+            f.write(name + "\\n")
+        return True
+    return False
+
+def test_clean():
+    under_tool("test_clean")
+
+def test_reads_past_the_end():
+    # under the tool, leave the file that makes the stand-in report a finding
+    if under_tool("test_reads_past_the_end"):
+        open(os.environ["FAKE_SANITIZER_FINDING"], "w").close()
+
+def test_fails_plainly():
+    under_tool("test_fails_plainly")
+    assert 1 == 2
+'''
+
+
+def _stand_in(pytester, monkeypatch):
+    bin_dir = pytester.path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "compute-sanitizer"
+    tool.write_text(STAND_IN)
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SANITIZER_LOG", str(pytester.path / "sanitizer.log"))
+    monkeypatch.setenv("FAKE_SANITIZER_FINDING", str(pytester.path / "finding"))
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    return pytester.path / "sanitizer.log"
+
+
+def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=PROJECT)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-v", "-p", "no:xdist")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=2)
+    assert "test_kernels.py::test_clean PASSED" in out
+    assert "test_kernels.py::test_reads_past_the_end FAILED" in out
+    assert "Invalid __global__ read of size 4 bytes" in out and "faulty_kernels.py:31" in out
+    assert "assert 1 == 2" in out  # a plain failure keeps its own report...
+    # ...and is not re-run under the tool: only the two tests that passed plainly are
+    under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
+    assert sorted(under_tool) == ["test_clean", "test_reads_past_the_end"]
+    # each ran as memcheck, with the caching allocator off and blocking launches
+    assert log.read_text().splitlines() == ["memcheck 1 1"] * 2
+
+
+def test_each_tool_asked_for_runs(pytester, monkeypatch):
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels="def test_clean():\n    pass\n")
+    result = run(pytester, "--fla-sanitizer=memcheck,racecheck,synccheck", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
+    assert [r.split()[0] for r in log.read_text().splitlines()] == ["memcheck", "racecheck", "synccheck"]
+    assert "fla sanitizer: memcheck, racecheck, synccheck" in result.stdout.str()
