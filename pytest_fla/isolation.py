@@ -14,6 +14,7 @@ The child side is ``ChildReporter``, installed by the plugin under ``--fla-child
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,6 +32,8 @@ from .report import annotate
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
 BEGIN_MARK = "=== fla: running "
+COUNT_LAUNCHES_ENV = "FLA_COUNT_LAUNCHES"
+LAUNCHES_PROPERTY = "fla_triton_launches"
 @dataclass
 class ItemOutcome:
     """What a child run left for one test: its reports, and the child's output."""
@@ -39,6 +42,15 @@ class ItemOutcome:
     died: str | None = None  # why the child died while running this test
     stderr_tail: str = ""
     stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
+
+    def triton_launches(self) -> int | None:
+        """How many Triton kernels the test launched (None if not counted)."""
+        for report in self.reports:
+            if report.get("when") == "call":
+                for name, value in report.get("user_properties", ()):
+                    if name == LAUNCHES_PROPERTY:
+                        return value
+        return None
 
 
 def child_command(config, results_dir: Path, paths: list[str]) -> list[str]:
@@ -204,6 +216,9 @@ class ChildReporter:
         self.wanted = (self.results_dir / "items.txt").read_text().split()
         self.out = open(self.results_dir / "results.jsonl", "a", buffering=1)
         self.faulted: set[str] = set()
+        # Under --fla-sanitizer the parent asks how many Triton kernels each test launched
+        # (a test that launched none has nothing of the kernels under test to sanitize).
+        self.count_launches = os.environ.get(COUNT_LAUNCHES_ENV) == "1"
 
     def _write(self, event: dict) -> None:
         self.out.write(json.dumps(event) + "\n")
@@ -228,8 +243,16 @@ class ChildReporter:
     def pytest_runtest_call(self, item):
         # A device fault is sticky: the synchronize after the test fails if anything in it
         # faulted, whether or not the test itself noticed.
+        counting = contextlib.nullcontext(None)
+        if self.count_launches:
+            from .launches import observe_launches
+
+            counting = observe_launches()
         try:
-            result = yield
+            with counting as launches:
+                result = yield
+                if launches is not None:
+                    item.user_properties.append((LAUNCHES_PROPERTY, launches.count))
         except BaseException:
             if device_fault():
                 self.faulted.add(item.nodeid)

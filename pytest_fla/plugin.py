@@ -67,6 +67,12 @@ def pytest_addoption(parser):
         help="re-run each test in a subprocess under compute-sanitizer with these tools "
         f"({','.join(sanitizer.TOOLS)}); any report fails the test",
     )
+    group.addoption(
+        "--fla-sanitizer-all-tests",
+        action="store_true",
+        help="under --fla-sanitizer, re-run also the tests that launched no Triton kernel "
+        "(by default they are not: they hold nothing of the kernels under test)",
+    )
     group.addoption("--fla-blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1: faults show at their launch")
     group.addoption(
         "--fla-isolate",
@@ -167,7 +173,8 @@ def pytest_report_header(config):
     if not any(targets.COMPILES[t.mode] for t in state.targets):
         lines.append("  compile checks: none here (deselected); --fla-arch=all adds compile-only targets")
     if state.tools:
-        lines.append(f"fla sanitizer: {', '.join(state.tools)} (each test re-run in a subprocess)")
+        which = "each test" if config.option.fla_sanitizer_all_tests else "each test that launched a Triton kernel"
+        lines.append(f"fla sanitizer: {', '.join(state.tools)} ({which} re-run in a subprocess)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
     return lines
@@ -257,18 +264,24 @@ def pytest_runtest_protocol(item, nextitem):
         return None
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
         return None  # skipped at setup: nothing to isolate
-    from .isolation import replay, run_batch
+    from .isolation import COUNT_LAUNCHES_ENV, replay, run_batch
 
+    env = {COUNT_LAUNCHES_ENV: "1"} if state.tools else None
     if state.isolate == "module":
         if item.nodeid not in state.batches:
             batch = [i for i in item.session.items if i.path == item.path and i.nodeid not in state.batches]
-            state.batches.update(run_batch(item.config, batch))
+            state.batches.update(run_batch(item.config, batch, env=env))
         outcome = state.batches.pop(item.nodeid)
     else:
-        outcome = run_batch(item.config, [item])[item.nodeid]
+        outcome = run_batch(item.config, [item], env=env)[item.nodeid]
     failure, section = None, None
     if state.tools and not outcome.died and _passed(outcome):
-        failure, section = _sanitize(item, state.tools)
+        if outcome.triton_launches() == 0 and not item.config.option.fla_sanitizer_all_tests:
+            # Nothing of the kernels under test ran (an argument check that raised before
+            # any launch, say); a sanitizer run costs a process start-up of 10-15 s.
+            section = ("compute-sanitizer", "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)")
+        else:
+            failure, section = _sanitize(item, state.tools)
     replay(item, outcome, extra_failure=failure, section=section)
     return True
 

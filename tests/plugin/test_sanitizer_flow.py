@@ -37,6 +37,24 @@ sys.exit(code)
 PROJECT = '''
 import os
 
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def launch():
+    x = torch.arange(4.0)
+    y = torch.empty_like(x)
+    copy_kernel[(1,)](x, y, 4, BLOCK=4)
+    assert torch.equal(x, y)
+
+
 def under_tool(name):
     if os.environ.get("FAKE_UNDER_TOOL"):
         with open(os.environ["FAKE_SANITIZER_LOG"] + ".tests", "a") as f:
@@ -45,16 +63,23 @@ def under_tool(name):
     return False
 
 def test_clean():
+    launch()
     under_tool("test_clean")
 
 def test_reads_past_the_end():
+    launch()
     # under the tool, leave the file that makes the stand-in report a finding
     if under_tool("test_reads_past_the_end"):
         open(os.environ["FAKE_SANITIZER_FINDING"], "w").close()
 
 def test_fails_plainly():
+    launch()
     under_tool("test_fails_plainly")
     assert 1 == 2
+
+def test_no_kernel():
+    # an argument check that raises before any launch: nothing to sanitize
+    under_tool("test_no_kernel")
 '''
 
 
@@ -76,22 +101,23 @@ def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
     pytester.makepyfile(test_kernels=PROJECT)
     result = run(pytester, "--fla-sanitizer=memcheck", "-v", "-p", "no:xdist")
     out = result.stdout.str()
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=2, failed=2)
     assert "test_kernels.py::test_clean PASSED" in out
+    assert "test_kernels.py::test_no_kernel PASSED" in out
     assert "test_kernels.py::test_reads_past_the_end FAILED" in out
     assert "Invalid __global__ read of size 4 bytes" in out and "faulty_kernels.py:31" in out
     assert "assert 1 == 2" in out  # a plain failure keeps its own report...
-    # ...and is not re-run under the tool: only the two tests that passed plainly are
+    # ...and is not re-run under the tool, nor is a test that launched no Triton kernel
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == ["test_clean", "test_reads_past_the_end"]
     # each ran as memcheck, with the caching allocator off and blocking launches
     assert log.read_text().splitlines() == ["memcheck 1 1"] * 2
 
 
-def test_each_tool_asked_for_runs(pytester, monkeypatch):
+def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch):
     log = _stand_in(pytester, monkeypatch)
-    pytester.makepyfile(test_kernels="def test_clean():\n    pass\n")
-    result = run(pytester, "--fla-sanitizer=memcheck,racecheck,synccheck", "-p", "no:xdist")
+    pytester.makepyfile(test_kernels="def test_no_kernel():\n    pass\n")
+    result = run(pytester, "--fla-sanitizer=memcheck,racecheck,synccheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
     assert [r.split()[0] for r in log.read_text().splitlines()] == ["memcheck", "racecheck", "synccheck"]
-    assert "fla sanitizer: memcheck, racecheck, synccheck" in result.stdout.str()
+    assert "fla sanitizer: memcheck, racecheck, synccheck (each test re-run" in result.stdout.str()
