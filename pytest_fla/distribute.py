@@ -49,3 +49,22 @@ def pin_worker_to_gpu() -> None:
     if not gpus or not worker.startswith("gw") or (target and target.mode == targets.COMPILE_ONLY):
         return
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]
+
+
+def queued_here(session) -> set[int] | None:
+    """In an xdist worker: the indices into ``session.items`` that xdist has handed this
+    worker and it has not run yet; None outside a worker (every item is this process's).
+
+    A ``--fla-isolate=module`` batch must hold only these: under ``-n N`` each worker
+    collects the whole session, and a batch of every item in the module made each test
+    run once per worker. Reads xdist's worker queue (pytest-xdist 3); where that is not
+    there, None, and the caller falls back to one test per batch.
+    """
+    if not hasattr(session.config, "workerinput"):
+        return None
+    for plugin in session.config.pluginmanager.get_plugins():
+        queue = getattr(plugin, "torun", None)
+        if type(plugin).__name__ == "WorkerInteractor" and queue is not None and hasattr(queue, "lock"):
+            with queue.lock() as pending:
+                return {i for i in pending if isinstance(i, int)}
+    return set()

@@ -269,8 +269,7 @@ def pytest_runtest_protocol(item, nextitem):
     env = {COUNT_LAUNCHES_ENV: "1"} if state.tools else None
     if state.isolate == "module":
         if item.nodeid not in state.batches:
-            batch = [i for i in item.session.items if i.path == item.path and i.nodeid not in state.batches]
-            state.batches.update(run_batch(item.config, batch, env=env))
+            state.batches.update(run_batch(item.config, _module_batch(item, nextitem, state.batches), env=env))
         outcome = state.batches.pop(item.nodeid)
     else:
         outcome = run_batch(item.config, [item], env=env)[item.nodeid]
@@ -284,6 +283,19 @@ def pytest_runtest_protocol(item, nextitem):
             failure, section = _sanitize(item, state.tools)
     replay(item, outcome, extra_failure=failure, section=section)
     return True
+
+
+def _module_batch(item, nextitem, done) -> list:
+    """``item`` and the tests of its module still to run in this process (under xdist: the
+    ones queued to this worker, and the next one, which xdist has already taken off the
+    queue)."""
+    items = item.session.items
+    queued = distribute.queued_here(item.session)
+    return [item] + [
+        other for index, other in enumerate(items)
+        if other is not item and other.path == item.path and other.nodeid not in done
+        and (queued is None or index in queued or other is nextitem)
+    ]
 
 
 def _passed(outcome) -> bool:

@@ -46,3 +46,24 @@ def test_without_isolation_an_abort_ends_the_run(pytester):
     result = run(pytester, "--fla-isolate=none")
     assert result.ret not in (0, 1)  # the whole process died: no test after it ran
     assert "Fatal Python error: Aborted" in result.stderr.str()
+
+
+RUN_LOG_PROJECT = '''
+import os, pytest
+
+@pytest.mark.parametrize("i", range(8))
+def test_logged(i):
+    with open(os.environ["FLA_TEST_RUN_LOG"], "a") as f:
+        f.write(f"{i}\\n")
+'''
+
+
+def test_module_batches_under_xdist_run_each_test_once(pytester, monkeypatch):
+    """Every xdist worker collects the whole session: a module batch made of the module's
+    items (not the worker's) ran each test once per worker."""
+    log = pytester.path / "runs.log"
+    monkeypatch.setenv("FLA_TEST_RUN_LOG", str(log))
+    pytester.makepyfile(test_logged=RUN_LOG_PROJECT)
+    result = run(pytester, "--fla-isolate=module", "-n", "2")
+    result.assert_outcomes(passed=8)
+    assert sorted(log.read_text().split(), key=int) == [str(i) for i in range(8)]
