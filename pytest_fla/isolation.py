@@ -34,6 +34,8 @@ EXIT_DEVICE_FAULT = 86
 BEGIN_MARK = "=== fla: running "
 COUNT_LAUNCHES_ENV = "FLA_COUNT_LAUNCHES"
 LAUNCHES_PROPERTY = "fla_triton_launches"
+
+
 @dataclass
 class ItemOutcome:
     """What a child run left for one test: its reports, and the child's output."""
