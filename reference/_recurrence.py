@@ -84,7 +84,8 @@ def scan_steps(step, S, tokens, time_dim):
             outputs.append(o)
         return torch.stack(outputs, time_dim), S
 
-    if not torch.is_grad_enabled() or steps < CHECKPOINT_MIN_STEPS:
+    recorded = torch.is_grad_enabled() and any(t.requires_grad for t in (S, *tokens))
+    if not recorded or steps < CHECKPOINT_MIN_STEPS:
         return run(S, *tokens)
     length = math.isqrt(steps - 1) + 1
     pieces = []
