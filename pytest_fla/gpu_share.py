@@ -27,11 +27,12 @@ class GpuShare:
         self._lock = open(base + ".lock", "a")
         self._turnstile = open(base + ".turnstile", "a")
         self._shared_depth = 0
+        self._alone = False
 
     @contextlib.contextmanager
     def shared(self):
         """Run beside other shared holders; wait while anyone holds (or waits for) it alone."""
-        if self._shared_depth:
+        if self._shared_depth or self._alone:
             self._shared_depth += 1
             try:
                 yield
@@ -52,14 +53,19 @@ class GpuShare:
     def alone(self):
         """Run with no other holder. Inside ``shared()`` the shared hold is given up first:
         two processes each keeping theirs while waiting for the other's would deadlock."""
+        if self._alone:  # nested: already alone
+            yield
+            return
         was_shared = self._shared_depth > 0
         if was_shared:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self._alone = True
         try:
             yield
         finally:
+            self._alone = False
             # back to shared while still holding the turnstile, so no one slips in between
             fcntl.flock(self._lock, fcntl.LOCK_SH if was_shared else fcntl.LOCK_UN)
             fcntl.flock(self._turnstile, fcntl.LOCK_UN)

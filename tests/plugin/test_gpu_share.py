@@ -14,7 +14,14 @@ def _hold(directory, mode, seconds, log, start_after=0.0):
     time.sleep(start_after)
     share = GpuShare("test", directory)
     with share.shared():
-        if mode == "alone":
+        if mode == "nested":
+            with share.alone():
+                with share.alone(), share.shared():
+                    pass
+                log.put((mode, "in", time.monotonic()))  # still alone after the nested holds
+                time.sleep(seconds)
+                log.put((mode, "out", time.monotonic()))
+        elif mode == "alone":
             with share.alone():
                 log.put((mode, "in", time.monotonic()))
                 time.sleep(seconds)
@@ -65,6 +72,13 @@ def test_two_exclusive_holders_inside_shared_holds_do_not_deadlock(tmp_path):
     events = _run(tmp_path, [("alone", 0.3, 0.0), ("alone", 0.3, 0.0)])
     (a0, a1), (b0, b1) = _intervals(events, "alone")
     assert b0 >= a1, "two exclusive holders overlapped"
+
+
+def test_nested_holds_keep_an_exclusive_hold_exclusive(tmp_path):
+    events = _run(tmp_path, [("nested", 0.6, 0.0), ("shared", 0.1, 0.2)])
+    (n0, n1), = _intervals(events, "nested")
+    (s0, s1), = _intervals(events, "shared")
+    assert s0 >= n1, "a shared holder got in while the nested exclusive hold was still on"
 
 
 def test_pinned_workers_lock_their_own_gpu(monkeypatch):
