@@ -4,8 +4,11 @@ no GPU needed."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
+
+import pytest
 
 from pytest_fla.gpu_share import GpuShare, physical_gpu
 
@@ -13,8 +16,9 @@ from pytest_fla.gpu_share import GpuShare, physical_gpu
 def _hold(directory, mode, seconds, log, start_after=0.0):
     time.sleep(start_after)
     share = GpuShare("test", directory)
-    with share.shared():
-        if mode == "nested":
+    outer = contextlib.nullcontext() if mode == "nested_bare" else share.shared()
+    with outer:
+        if mode.startswith("nested"):
             with share.alone():
                 with share.alone(), share.shared():
                     pass
@@ -74,9 +78,10 @@ def test_two_exclusive_holders_inside_shared_holds_do_not_deadlock(tmp_path):
     assert b0 >= a1, "two exclusive holders overlapped"
 
 
-def test_nested_holds_keep_an_exclusive_hold_exclusive(tmp_path):
-    events = _run(tmp_path, [("nested", 0.6, 0.0), ("shared", 0.1, 0.2)])
-    (n0, n1), = _intervals(events, "nested")
+@pytest.mark.parametrize("mode", ["nested", "nested_bare"])
+def test_nested_holds_keep_an_exclusive_hold_exclusive(tmp_path, mode):
+    events = _run(tmp_path, [(mode, 0.6, 0.0), ("shared", 0.1, 0.2)])
+    (n0, n1), = _intervals(events, mode)
     (s0, s1), = _intervals(events, "shared")
     assert s0 >= n1, "a shared holder got in while the nested exclusive hold was still on"
 
