@@ -4,7 +4,7 @@
 # compute-sanitizer memcheck. Prints a table last and keeps it in benchmarks/.
 #
 #   bash benchmarks/gpu_plugin_checks.sh            # every step (about 15-25 minutes)
-#   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | emulated | plain | memcheck | repro
+#   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | emulated | plain | memcheck | memcheck_module | repro
 #
 # Each step is one pytest run, so a device whose commands are capped at 10 minutes can
 # run the steps one call at a time; timings accumulate in benchmarks/gpu_plugin_checks.tsv.
@@ -43,6 +43,9 @@ want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80
 want "$WHAT" plain && step plain tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
 want "$WHAT" memcheck && step memcheck tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck -n "$WORKERS" -v \
   --fla-report="$LOGS/report.memcheck.json"
+# the same under module batches: one sanitizer process per batch of a worker's tests
+want "$WHAT" memcheck_module && step memcheck_module tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck \
+  --fla-isolate=module -n "$WORKERS" -v --fla-report="$LOGS/report.memcheck_module.json"
 want "$WHAT" repro && step repro tests/repro --fla-sanitizer=memcheck -v
 
 echo

@@ -44,6 +44,7 @@ class ItemOutcome:
     died: str | None = None  # why the child died while running this test
     stderr_tail: str = ""
     stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
+    verdict: tuple | None = None  # under --fla-sanitizer: (failure or None, report section or None)
 
     def triton_launches(self) -> int | None:
         """How many Triton kernels the test launched (None if not counted)."""

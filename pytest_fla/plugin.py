@@ -44,7 +44,7 @@ class RunState:
     tools: list = field(default_factory=list)  # sanitizer tools
     isolate: str = "none"
     report: run_report.RunReport | None = None
-    batches: dict = field(default_factory=dict)  # nodeid -> ItemOutcome, for module isolation
+    batches: dict = field(default_factory=dict)  # nodeid -> ItemOutcome run ahead (a module batch)
 
 
 RUN = pytest.StashKey[RunState]()
@@ -174,7 +174,8 @@ def pytest_report_header(config):
         lines.append("  compile checks: none here (deselected); --fla-arch=all adds compile-only targets")
     if state.tools:
         which = "each test" if config.option.fla_sanitizer_all_tests else "each test that launched a Triton kernel"
-        lines.append(f"fla sanitizer: {', '.join(state.tools)} ({which} re-run in a subprocess)")
+        how = "a module's tests in one subprocess, one by one after a report" if state.isolate == "module" else "in a subprocess"
+        lines.append(f"fla sanitizer: {', '.join(state.tools)} ({which} re-run, {how})")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
     return lines
@@ -265,22 +266,18 @@ def pytest_runtest_protocol(item, nextitem):
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
         return None  # skipped at setup: nothing to isolate
     from .isolation import COUNT_LAUNCHES_ENV, replay, run_batch
+    from .sanitizing import verdicts
 
     env = {COUNT_LAUNCHES_ENV: "1"} if state.tools else None
-    if state.isolate == "module":
-        if item.nodeid not in state.batches:
-            state.batches.update(run_batch(item.config, _module_batch(item, nextitem, state.batches), env=env))
-        outcome = state.batches.pop(item.nodeid)
-    else:
-        outcome = run_batch(item.config, [item], env=env)[item.nodeid]
-    failure, section = None, None
-    if state.tools and not outcome.died and _passed(outcome):
-        if outcome.triton_launches() == 0 and not item.config.option.fla_sanitizer_all_tests:
-            # Nothing of the kernels under test ran (an argument check that raised before
-            # any launch, say); a sanitizer run costs a process start-up of 10-15 s.
-            section = ("compute-sanitizer", "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)")
-        else:
-            failure, section = _sanitize(item, state.tools)
+    if item.nodeid not in state.batches:
+        batch = _module_batch(item, nextitem, state.batches) if state.isolate == "module" else [item]
+        outcomes = run_batch(item.config, batch, env=env)
+        if state.tools:
+            for nodeid, verdict in verdicts(item.config, batch, outcomes, state.tools).items():
+                outcomes[nodeid].verdict = verdict
+        state.batches.update(outcomes)
+    outcome = state.batches.pop(item.nodeid)
+    failure, section = outcome.verdict or (None, None)
     replay(item, outcome, extra_failure=failure, section=section)
     return True
 
@@ -296,30 +293,6 @@ def _module_batch(item, nextitem, done) -> list:
         if other is not item and other.path == item.path and other.nodeid not in done
         and (queued is None or index in queued or other is nextitem)
     ]
-
-
-def _passed(outcome) -> bool:
-    return any(r["when"] == "call" and r["outcome"] == "passed" for r in outcome.reports)
-
-
-def _sanitize(item, tools):
-    """Re-run ``item`` under each tool (its kernels already compiled and cached by the
-    plain run); the first finding's text and the full reports as a section."""
-    from .isolation import run_batch
-
-    failures, texts = [], []
-    for tool in tools:
-        outcome = run_batch(item.config, [item], wrapper=sanitizer.command(tool), env=sanitizer.environment())[item.nodeid]
-        found = sanitizer.parse(tool, outcome.stdout)
-        texts.append(found.describe())
-        if outcome.died:
-            failures.append(f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}")
-        elif not found.clean:
-            failures.append(found.describe())
-        elif not _passed(outcome):
-            failures.append(f"under compute-sanitizer {tool} the test did not pass")
-    section = ("compute-sanitizer", "\n\n".join(texts))
-    return ("\n\n".join(failures) or None), section
 
 
 @pytest.hookimpl(wrapper=True)

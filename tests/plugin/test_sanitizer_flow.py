@@ -25,6 +25,7 @@ with open(os.environ["FAKE_SANITIZER_LOG"], "a") as log:
 print("========= COMPUTE-SANITIZER", flush=True)
 code = subprocess.call(args, env=dict(os.environ, FAKE_UNDER_TOOL="1"))
 if os.path.exists(os.environ["FAKE_SANITIZER_FINDING"]):
+    os.remove(os.environ["FAKE_SANITIZER_FINDING"])  # one report per run that caused one
     print("========= Invalid __global__ read of size 4 bytes")
     print("=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31")
     print("=========     Address 0x7f0000000fa0 is out of bounds")
@@ -120,4 +121,31 @@ def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch
     result = run(pytester, "--fla-sanitizer=memcheck,racecheck,synccheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
     assert [r.split()[0] for r in log.read_text().splitlines()] == ["memcheck", "racecheck", "synccheck"]
-    assert "fla sanitizer: memcheck, racecheck, synccheck (each test re-run" in result.stdout.str()
+    assert "fla sanitizer: memcheck, racecheck, synccheck (each test re-run, in a subprocess)" in result.stdout.str()
+
+
+def test_a_module_reruns_in_one_process_and_one_by_one_after_a_report(pytester, monkeypatch):
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=PROJECT)
+    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-isolate=module", "-v", "-p", "no:xdist")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "test_kernels.py::test_clean PASSED" in out
+    assert "test_kernels.py::test_reads_past_the_end FAILED" in out
+    assert "a module's tests in one subprocess, one by one after a report" in out
+    # one run of both kernel-launching tests together, which reported; then each alone
+    assert len(log.read_text().splitlines()) == 3
+    under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
+    assert sorted(under_tool) == ["test_clean", "test_clean", "test_reads_past_the_end", "test_reads_past_the_end"]
+
+
+def test_a_clean_module_reruns_in_one_process(pytester, monkeypatch):
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=PROJECT.split("def test_reads_past_the_end")[0] + """
+def test_clean_too():
+    launch()
+""")
+    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-isolate=module", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=2)
+    assert len(log.read_text().splitlines()) == 1
+    assert "run with 2 tests in one process" in result.stdout.str()
