@@ -8,7 +8,7 @@
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
 #   bash benchmarks/gpu_run.sh sanicost   # one test's time under memcheck, by kernel filter (sanitizer_cost.py)
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
-#                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 repro:80" sets each step's limit)
+#                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 memcheck_module:200 repro:80": steps, limits)
 # Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Each part leaves its
 # logs in $OUT/<part>/ and one archive $OUT/<part>.tgz (a device returns few files); unpack it
 # into benchmarks/results/. The summary is printed last.
