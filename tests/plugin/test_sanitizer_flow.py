@@ -149,3 +149,25 @@ def test_clean_too():
     result.assert_outcomes(passed=2)
     assert len(log.read_text().splitlines()) == 1
     assert "run with 2 tests in one process" in result.stdout.str()
+
+
+def test_a_crash_under_the_tool_fails_only_its_own_test(pytester, monkeypatch):
+    """The batch child dies at one test: each re-runs alone, and only that one fails."""
+    _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=PROJECT.split("def test_reads_past_the_end")[0] + """
+def test_crashes_under_the_tool():
+    launch()
+    if under_tool("test_crashes_under_the_tool"):
+        os.abort()
+
+def test_clean_after():
+    launch()
+""")
+    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-isolate=module", "-v", "-p", "no:xdist")
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    assert "test_kernels.py::test_crashes_under_the_tool FAILED" in out
+    assert "test_kernels.py::test_clean_after PASSED" in out
+    # the tool outlives the program: the crash shows as its exit status, with the stderr
+    assert "under compute-sanitizer memcheck: the test process exited with code" in out
+    assert "Fatal Python error: Aborted" in out
