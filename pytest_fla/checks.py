@@ -276,7 +276,7 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
     the last rows must still be right. Forward only, bf16; the rows are tiled from a small
     sample so that drawing inputs stays cheap, and the reference runs on that sample.
     It runs alone on its GPU (``device_exclusive``), and is skipped, with the numbers,
-    where the GPU has not the memory for it (the 2-row sample's peak, scaled)."""
+    where the GPU has not the memory for it (measured at 2 and 4 rows, scaled)."""
     with device_exclusive(device):
         _check_int64_offsets(spec, device, seed, elements)
         torch.cuda.empty_cache()
@@ -289,19 +289,21 @@ def _check_int64_offsets(spec: OpSpec, device, seed: int, elements: int) -> None
     per_row = max(t[0].numel() for name, t in small.tensors().items() if spec.args.get(name) and spec.args[name].layout[0] == "B")
     rows = -(-elements // per_row) + 1
     repeats = -(-rows // 2)
-    need = repeats * _forward_bytes(spec, small, device)
+    # Memory grows with the rows: measured at the sample tiled once and twice, the
+    # difference is what `repeats` tilings add (fixed allocations, compiling and autotuning
+    # drop out of it).
+    doubled = _tiled(spec, small, 2)
+    with torch.no_grad():
+        spec.call(small), spec.call(doubled)  # compiled and tuned before anything is measured
+    once, twice = _forward_bytes(spec, small, device), _forward_bytes(spec, doubled, device)
+    need = once + max(twice - once, 0) * (repeats - 1)
     free, _ = torch.cuda.mem_get_info(device)
     if need > 0.9 * free:
         import pytest
 
-        pytest.skip(f"a batch past 2**31 elements needs about {need / 2**30:.0f} GiB here "
-                    f"(scaled from the 2-row sample's peak); {free / 2**30:.0f} GiB are free on this GPU")
-    big = {}
-    for name, value in small.kwargs.items():
-        arg = spec.args.get(name)
-        if isinstance(value, torch.Tensor) and arg is not None and arg.layout[0] in ("B", "N"):
-            value = value.repeat(repeats, *([1] * (value.dim() - 1)))
-        big[name] = value
+        pytest.skip(f"a batch past 2**31 elements needs about {need / 2**30:.0f} GiB here (measured at "
+                    f"2 and 4 rows, scaled); {free / 2**30:.0f} GiB are free on this GPU")
+    big = _tiled(spec, small, repeats).kwargs
     with torch.no_grad():
         out = spec.call(Sample(big))
         ref = spec.call_reference(small)
@@ -311,6 +313,17 @@ def _check_int64_offsets(spec: OpSpec, device, seed: int, elements: int) -> None
             continue
         assert_close(f"{spec.name}.{name}[last row of {o.shape[0]}]", o[-1:], r[last : last + 1], "bf16")
         assert_close(f"{spec.name}.{name}[first row]", o[:1], r[:1], "bf16")
+
+
+def _tiled(spec: OpSpec, sample: Sample, repeats: int) -> Sample:
+    """``sample`` with every batch (or sequence) dimension repeated ``repeats`` times."""
+    tiled = {}
+    for name, value in sample.kwargs.items():
+        arg = spec.args.get(name)
+        if isinstance(value, torch.Tensor) and arg is not None and arg.layout[0] in ("B", "N"):
+            value = value.repeat(repeats, *([1] * (value.dim() - 1)))
+        tiled[name] = value
+    return Sample(tiled)
 
 
 def _forward_bytes(spec: OpSpec, sample: Sample, device) -> int:
