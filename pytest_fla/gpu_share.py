@@ -1,9 +1,10 @@
 """Sharing one GPU between the processes that test on it (xdist workers, isolated children).
 
-Most checks need a few GB and run side by side. A few (a batch of 2**31 elements) need a
-large part of the card: beside fifteen others on an 80 GB H100 they ran it out of memory
-(measured: 34 of 142 simple_gla checks failed with CUDA OOM at 16 workers). So every
-check holds its GPU's lock shared, and those few hold it alone.
+Most checks need a few GB and run side by side. A few need tens of GB (a batch of 2**31
+elements; a B*H > 65535 batch with its float64 reference), and next to other workers'
+checks they can run the card out of memory (16 workers on an 80 GB H100 did, with 15-23 GB
+processes among them). So every check holds its GPU's lock shared, and those few hold it
+alone.
 
 A process waiting to hold it alone goes first (it takes a turnstile that new shared
 holders must pass), or a steady stream of shared holders could keep it waiting until the
