@@ -58,7 +58,7 @@ def queued_here(session) -> set[int] | None:
     A ``--fla-isolate=module`` batch must hold only these: under ``-n N`` each worker
     collects the whole session, and a batch of every item in the module made each test
     run once per worker. Reads xdist's worker queue (pytest-xdist 3); where that is not
-    there, None, and the caller falls back to one test per batch.
+    there, an empty set, and a batch is the test (and the next one) alone.
     """
     if not hasattr(session.config, "workerinput"):
         return None

@@ -52,13 +52,13 @@ def _under_tool(config, items, tool: str) -> dict:
     if not items:
         return {}
     outcomes = _run(config, items, tool)
-    if len(items) > 1:
-        batch_clean = all(_verdict(tool, o)[0] is None for o in outcomes.values())
-        if batch_clean:
-            note = f" (run with {len(items)} tests in one process)"
-            return {item: (None, _verdict(tool, outcomes[item.nodeid])[1] + note) for item in items}
-        outcomes = {item.nodeid: _run(config, [item], tool)[item.nodeid] for item in items}
-    return {item: _verdict(tool, outcomes[item.nodeid]) for item in items}
+    found = {item: _verdict(tool, outcomes[item.nodeid]) for item in items}
+    if len(items) == 1:
+        return found
+    if all(failure is None for failure, _ in found.values()):
+        note = f" (run with {len(items)} tests in one process)"
+        return {item: (None, text + note) for item, (_, text) in found.items()}
+    return {item: _verdict(tool, _run(config, [item], tool)[item.nodeid]) for item in items}
 
 
 def _run(config, items, tool: str) -> dict:

@@ -84,6 +84,11 @@ def test_no_kernel():
 '''
 
 
+# the project's kernel, its helpers and test_clean: the start of a project of one's own
+KERNEL_AND_CLEAN_TEST = PROJECT.split("def test_reads_past_the_end")[0]
+MODULE_BATCHES = ("--fla-sanitizer=memcheck", "--fla-isolate=module", "-p", "no:xdist")
+
+
 def _stand_in(pytester, monkeypatch):
     bin_dir = pytester.path / "bin"
     bin_dir.mkdir()
@@ -127,7 +132,7 @@ def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch
 def test_a_module_reruns_in_one_process_and_one_by_one_after_a_report(pytester, monkeypatch):
     log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels=PROJECT)
-    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-isolate=module", "-v", "-p", "no:xdist")
+    result = run(pytester, *MODULE_BATCHES, "-v")
     result.assert_outcomes(passed=2, failed=2)
     out = result.stdout.str()
     assert "test_kernels.py::test_clean PASSED" in out
@@ -141,11 +146,11 @@ def test_a_module_reruns_in_one_process_and_one_by_one_after_a_report(pytester, 
 
 def test_a_clean_module_reruns_in_one_process(pytester, monkeypatch):
     log = _stand_in(pytester, monkeypatch)
-    pytester.makepyfile(test_kernels=PROJECT.split("def test_reads_past_the_end")[0] + """
+    pytester.makepyfile(test_kernels=KERNEL_AND_CLEAN_TEST + """
 def test_clean_too():
     launch()
 """)
-    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-isolate=module", "-p", "no:xdist", "-rA")
+    result = run(pytester, *MODULE_BATCHES, "-rA")
     result.assert_outcomes(passed=2)
     assert len(log.read_text().splitlines()) == 1
     assert "run with 2 tests in one process" in result.stdout.str()
@@ -154,7 +159,7 @@ def test_clean_too():
 def test_a_crash_under_the_tool_fails_only_its_own_test(pytester, monkeypatch):
     """The batch child dies at one test: each re-runs alone, and only that one fails."""
     _stand_in(pytester, monkeypatch)
-    pytester.makepyfile(test_kernels=PROJECT.split("def test_reads_past_the_end")[0] + """
+    pytester.makepyfile(test_kernels=KERNEL_AND_CLEAN_TEST + """
 def test_crashes_under_the_tool():
     launch()
     if under_tool("test_crashes_under_the_tool"):
@@ -163,7 +168,7 @@ def test_crashes_under_the_tool():
 def test_clean_after():
     launch()
 """)
-    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-isolate=module", "-v", "-p", "no:xdist")
+    result = run(pytester, *MODULE_BATCHES, "-v")
     result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "test_kernels.py::test_crashes_under_the_tool FAILED" in out
