@@ -25,7 +25,7 @@ step() {  # name, then the pytest arguments
   local log=$LOGS/gpu_plugin_checks.$name.log start end rc
   echo "== $name: pytest $*"
   start=$(date +%s.%N)
-  "$PY" -m pytest -p no:cacheprovider -q "$@" >>"$log" 2>&1
+  "$PY" -m pytest -p no:cacheprovider "$@" >>"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
   tail -n 25 "$log"
@@ -33,7 +33,13 @@ step() {  # name, then the pytest arguments
     "$(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed|skipped).* in ' "$log" | tail -n 1)" >> "$TSV"
 }
 
-want() { [ "${1}" = all ] || [ "${1}" = "$2" ]; }
+# A caller's time limit arrives as SIGINT (timeout -s INT): pytest stops and writes its summary
+# and --fla-report; this script records the step and starts no other. A trap, not an ignored
+# INT, so that pytest keeps Python's own handler.
+interrupted=
+trap 'interrupted=1; echo "== interrupted: time limit"' INT
+
+want() { [ -z "$interrupted" ] && { [ "${1}" = all ] || [ "${1}" = "$2" ]; }; }
 WHAT=${1:-all}
 # Warm the per-target Triton caches first, so 'plain' and 'memcheck' time the checks, not compilation.
 want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" >/dev/null 2>&1

@@ -81,7 +81,8 @@ case "$part" in
     ;;
   sanitizer)
     for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do
-      FLA_LOG_DIR=$LOGS timeout "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
+      # SIGINT first: a step cut at its limit still writes its report and timing row
+      FLA_LOG_DIR=$LOGS timeout -s INT -k 30 "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
     done
     grep -E "^== |passed|failed|Invalid|=========" "$LOGS/sanitizer.out" | tail -n 20
     cat "$LOGS/gpu_plugin_checks.tsv"
