@@ -167,7 +167,7 @@ def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section
     config = item.config
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    reports = [config.hook.pytest_report_from_serializable(config=config, data=data) for data in outcome.reports]
+    reports = [_from_json(config, data) for data in outcome.reports]
     whens = {r.when for r in reports}
     if outcome.died:
         text = f"{outcome.died} while running this test.\nLast lines of its stderr:\n{outcome.stderr_tail}"
@@ -190,6 +190,15 @@ def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section
     for report in reports:
         ihook.pytest_runtest_logreport(report=report)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def _from_json(config, data: dict):
+    report = config.hook.pytest_report_from_serializable(config=config, data=data)
+    # A skip's longrepr is a (path, line, reason) tuple, which the terminal asserts on;
+    # JSON brought it back as a list (xdist's channel keeps tuples, JSON does not).
+    if isinstance(report.longrepr, list):
+        report.longrepr = tuple(report.longrepr)
+    return report
 
 
 def _synthetic(report_class, item, when: str, outcome: str, longrepr):

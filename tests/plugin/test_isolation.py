@@ -7,7 +7,7 @@ import pytest
 from plugin_testing import run
 
 PROJECT = '''
-import os, sys
+import os, sys, pytest
 
 def test_before():
     pass
@@ -22,6 +22,13 @@ def test_after():
 
 def test_ordinary_failure():
     assert 1 == 2
+
+def test_skipped():
+    pytest.skip("needs 3 GB")
+
+@pytest.mark.xfail(reason="known off-by-one", strict=True)
+def test_expected_failure():
+    assert 1 == 2
 '''
 
 
@@ -31,14 +38,17 @@ def test_an_abort_fails_only_its_own_test(pytester, granularity, monkeypatch):
 
     monkeypatch.setenv("FLA_TEST_PARENT_PID", str(os.getpid()))
     pytester.makepyfile(test_crash=PROJECT)
-    result = run(pytester, f"--fla-isolate={granularity}", "-v")
-    result.assert_outcomes(passed=2, failed=2)
+    # -v and -rsx: the terminal reads a skip's reason from its report, as xdist-free pytest made it
+    result = run(pytester, f"--fla-isolate={granularity}", "-v", "-rsx")
+    result.assert_outcomes(passed=2, failed=2, skipped=1, xfailed=1)
     out = result.stdout.str()
     assert "test_crash.py::test_abort FAILED" in out
     assert "test_crash.py::test_after PASSED" in out
     assert "killed by SIGABRT while running this test" in out
     assert "Assertion `isa<LayoutAttr>' failed" in out  # the end of its stderr
     assert "assert 1 == 2" in out  # ordinary failures keep their own report
+    result.stdout.re_match_lines([r"SKIPPED \[1\] test_crash.py:\d+: needs 3 GB"])
+    assert "XFAIL test_crash.py::test_expected_failure - known off-by-one" in out
 
 
 def test_without_isolation_an_abort_ends_the_run(pytester):
