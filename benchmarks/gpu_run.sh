@@ -63,7 +63,7 @@ case "$part" in
     [ "${FLA_EMULATED:-1}" = 1 ] && ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
         --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
     FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
-      -n "${FLA_WORKERS:-6}" -v -p no:cacheprovider --durations=15 "$@" > "$LOGS/tests.log" 2>&1
+      -n "${FLA_WORKERS:-6}" -v -rs -p no:cacheprovider --durations=15 --fla-report="$LOGS/report.json" "$@" > "$LOGS/tests.log" 2>&1
     echo "conformance exit $?" >> "$LOGS/tests.log"
     wait
     python3 benchmarks/summarize_errors.py "$LOGS/errors.jsonl" > "$LOGS/errors.md"

@@ -51,6 +51,7 @@ class TestRecord:
     mode: str
     outcome: str = "passed"
     duration: float = 0.0
+    reason: str | None = None  # why it was skipped, or its failure message on one line
 
 
 @dataclass
@@ -69,9 +70,12 @@ class RunReport:
             self.records[key] = record
         record.duration += report.duration
         if report.failed:
+            if record.outcome != "failed":
+                record.reason = outcome_reason(report)
             record.outcome = "failed"
         elif report.skipped and record.outcome != "failed":
             record.outcome = "skipped"
+            record.reason = outcome_reason(report)
 
     def matrix(self) -> dict:
         """arch -> op -> check -> {"passed": n, "failed": n, "skipped": n}."""
@@ -99,6 +103,7 @@ class RunReport:
                     "mode": r.mode,
                     "outcome": r.outcome,
                     "duration": round(r.duration, 4),
+                    "reason": r.reason,
                 }
                 for r in self.records.values()
             ],
@@ -132,6 +137,28 @@ class RunReport:
             out.append("slowest checks:")
             out += [f"  {r.duration:8.2f}s  {r.arch:<11} {r.nodeid}" for r in timed]
         return out
+
+
+REASON_CHARS = 400
+
+
+def outcome_reason(report) -> str | None:
+    """A skip's reason, or a failure's message on one line, short enough for a JSON record.
+
+    So that a CI reader learns from the report alone why a check did not pass (a
+    memory-bound skip, say, states the bytes needed and free)."""
+    longrepr = report.longrepr
+    if report.skipped:
+        if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: why")
+            text = str(longrepr[2]).removeprefix("Skipped: ")
+        else:
+            text = getattr(report, "wasxfail", "") or str(longrepr or "")
+    else:
+        crash = getattr(longrepr, "reprcrash", None)
+        lines = (crash.message if crash is not None else str(longrepr or "")).strip().splitlines()
+        text = " ".join(line.strip() for line in lines)
+    text = text.strip()
+    return text[:REASON_CHARS] or None
 
 
 def cell_text(cell: dict | None) -> str:

@@ -61,3 +61,7 @@ def test_shared_memory_overflow_fails_sm86_only(project):
     assert ("hungry_matmul", "compile", "interpreter") not in outcomes  # runs in its arch's worker only
     assert report["matrix"]["sm86"]["hungry_matmul"]["compile"] == {"passed": 0, "failed": 1, "skipped": 0}
     assert all(t["duration"] >= 0 for t in report["tests"])
+    reasons = {(t["op"], t["check"], t["arch"]): t["reason"] for t in report["tests"]}
+    assert "needs 131072 bytes of shared memory" in reasons[("hungry_matmul", "compile", "sm86")]
+    assert "runs kernels; sm90 is compile-only here" in reasons[("copy", "forward", "sm90")]
+    assert reasons[("hungry_matmul", "compile", "sm90")] is None
