@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from .report import annotate
+from .report import PROCESS_SECONDS_PROPERTY, SANITIZER_SECONDS_PROPERTY, annotate
 
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
@@ -44,7 +44,10 @@ class ItemOutcome:
     died: str | None = None  # why the child died while running this test
     stderr_tail: str = ""
     stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
-    verdict: tuple | None = None  # under --fla-sanitizer: (failure or None, report section or None)
+    verdict: object = None  # under --fla-sanitizer: a sanitizing.Verdict
+    # Wall seconds of the child processes that ran this test (its share of a batch's child):
+    # start-up included, which is most of an isolated run's cost.
+    process_seconds: float = 0.0
 
     def triton_launches(self) -> int | None:
         """How many Triton kernels the test launched (None if not counted)."""
@@ -89,7 +92,9 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
             paths = sorted({str(by_id[n].path) for n in remaining})
             command = (wrapper or []) + child_command(config, results_dir, paths)
             with open(results_dir / "stdout", "w+b") as out, open(results_dir / "stderr", "w+b") as err:
+                start = time.monotonic()
                 code = subprocess.call(command, stdout=out, stderr=err, env=child_env, cwd=config.invocation_params.dir)
+                share = (time.monotonic() - start) / len(remaining)
                 out.seek(0)
                 err.seek(0)
                 stdout = out.read().decode(errors="replace")
@@ -104,6 +109,7 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
                     finished.add(event["nodeid"])
         for nodeid in remaining:
             outcomes[nodeid].stdout = stdout
+            outcomes[nodeid].process_seconds += share
         unfinished = [n for n in remaining if n not in finished]
         if not unfinished:
             break
@@ -156,11 +162,14 @@ def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section: tuple | None = None) -> None:
+def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section: tuple | None = None,
+           sanitizer_seconds: float = 0.0) -> None:
     """Log ``outcome``'s reports for ``item`` in this process, as if it had run here.
 
     A test whose child died gets a failed call report with the end of its stderr;
-    ``extra_failure`` (a sanitizer finding) turns a passing call into a failure.
+    ``extra_failure`` (a sanitizer finding) turns a passing call into a failure. The call
+    report carries the wall time of the test's child processes (``sanitizer_seconds`` of
+    them under the tool), which its own duration leaves out.
     """
     from _pytest.reports import TestReport
 
@@ -187,6 +196,12 @@ def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section
         for report in reports:
             if report.when == "call":
                 report.sections.append(section)
+    timed = next((r for r in reports if r.when == "call"), reports[-1] if reports else None)
+    if timed is not None:
+        timed.user_properties = list(timed.user_properties) + [
+            (PROCESS_SECONDS_PROPERTY, round(outcome.process_seconds + sanitizer_seconds, 3)),
+            (SANITIZER_SECONDS_PROPERTY, round(sanitizer_seconds, 3)),
+        ]
     for report in reports:
         ihook.pytest_runtest_logreport(report=report)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)

@@ -266,7 +266,7 @@ def pytest_runtest_protocol(item, nextitem):
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
         return None  # skipped at setup: nothing to isolate
     from .isolation import COUNT_LAUNCHES_ENV, replay, run_batch
-    from .sanitizing import verdicts
+    from .sanitizing import Verdict, verdicts
 
     env = {COUNT_LAUNCHES_ENV: "1"} if state.tools else None
     if item.nodeid not in state.batches:
@@ -277,8 +277,8 @@ def pytest_runtest_protocol(item, nextitem):
                 outcomes[nodeid].verdict = verdict
         state.batches.update(outcomes)
     outcome = state.batches.pop(item.nodeid)
-    failure, section = outcome.verdict or (None, None)
-    replay(item, outcome, extra_failure=failure, section=section)
+    verdict = outcome.verdict or Verdict()
+    replay(item, outcome, extra_failure=verdict.failure, section=verdict.section, sanitizer_seconds=verdict.seconds)
     return True
 
 

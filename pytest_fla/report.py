@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from . import targets
 
 PROPERTY_PREFIX = "fla_"
+PROCESS_SECONDS_PROPERTY = "fla_process_seconds"  # an isolated test's child processes, wall time
+SANITIZER_SECONDS_PROPERTY = "fla_sanitizer_seconds"  # of which under compute-sanitizer
 SLOWEST = 5
 
 
@@ -52,6 +54,9 @@ class TestRecord:
     outcome: str = "passed"
     duration: float = 0.0
     reason: str | None = None  # why it was skipped, or its failure message on one line
+    # isolated runs only: wall time of its child processes, and of those under the sanitizer
+    process_seconds: float | None = None
+    sanitizer_seconds: float | None = None
 
 
 @dataclass
@@ -69,6 +74,9 @@ class RunReport:
             record = TestRecord(report.nodeid, props["fla_op"], props["fla_check"], props["fla_arch"], props["fla_mode"])
             self.records[key] = record
         record.duration += report.duration
+        if PROCESS_SECONDS_PROPERTY in props:
+            record.process_seconds = props[PROCESS_SECONDS_PROPERTY]
+            record.sanitizer_seconds = props.get(SANITIZER_SECONDS_PROPERTY)
         if report.failed:
             if record.outcome != "failed":
                 record.reason = outcome_reason(report)
@@ -104,6 +112,8 @@ class RunReport:
                     "outcome": r.outcome,
                     "duration": round(r.duration, 4),
                     "reason": r.reason,
+                    "process_seconds": r.process_seconds,
+                    "sanitizer_seconds": r.sanitizer_seconds,
                 }
                 for r in self.records.values()
             ],
@@ -132,11 +142,23 @@ class RunReport:
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
             for row in rows:
                 out.append("  " + "  ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip())
-        timed = sorted(self.records.values(), key=lambda r: r.duration, reverse=True)[:SLOWEST]
+        timed = sorted(self.records.values(), key=cost, reverse=True)[:SLOWEST]
         if timed:
             out.append("slowest checks:")
-            out += [f"  {r.duration:8.2f}s  {r.arch:<11} {r.nodeid}" for r in timed]
+            out += [f"  {cost(r):8.2f}s  {r.arch:<11} {r.nodeid}{cost_detail(r)}" for r in timed]
         return out
+
+
+def cost(record: TestRecord) -> float:
+    """What a test cost the run: its child processes' wall time when isolated."""
+    return record.process_seconds if record.process_seconds is not None else record.duration
+
+
+def cost_detail(record: TestRecord) -> str:
+    if record.process_seconds is None:
+        return ""
+    tool = f", {record.sanitizer_seconds:.2f}s under the sanitizer" if record.sanitizer_seconds else ""
+    return f" (its processes, start-up included; the test itself {record.duration:.2f}s{tool})"
 
 
 REASON_CHARS = 400

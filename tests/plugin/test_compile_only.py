@@ -65,3 +65,4 @@ def test_shared_memory_overflow_fails_sm86_only(project):
     assert "needs 131072 bytes of shared memory" in reasons[("hungry_matmul", "compile", "sm86")]
     assert "runs kernels; sm90 is compile-only here" in reasons[("copy", "forward", "sm90")]
     assert reasons[("hungry_matmul", "compile", "sm90")] is None
+    assert all(t["process_seconds"] is None for t in report["tests"])  # nothing ran isolated

@@ -7,7 +7,9 @@ The real tool on the planted faults: test_gpu_faults.py."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 
 from plugin_testing import run
@@ -105,7 +107,7 @@ def _stand_in(pytester, monkeypatch):
 def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
     log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels=PROJECT)
-    result = run(pytester, "--fla-sanitizer=memcheck", "-v", "-p", "no:xdist")
+    result = run(pytester, "--fla-sanitizer=memcheck", "-v", "-p", "no:xdist", "--fla-report=report.json")
     out = result.stdout.str()
     result.assert_outcomes(passed=2, failed=2)
     assert "test_kernels.py::test_clean PASSED" in out
@@ -118,6 +120,15 @@ def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
     assert sorted(under_tool) == ["test_clean", "test_reads_past_the_end"]
     # each ran as memcheck, with the caching allocator off and blocking launches
     assert log.read_text().splitlines() == ["memcheck 1 1"] * 2
+    # the report times each test's processes: the plain child, and the tool's run if any
+    timed = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "report.json").read_text())["tests"]}
+    for name in ("test_clean", "test_reads_past_the_end"):
+        assert 0 < timed[name]["sanitizer_seconds"] < timed[name]["process_seconds"]
+    for name in ("test_fails_plainly", "test_no_kernel"):
+        assert timed[name]["sanitizer_seconds"] == 0 < timed[name]["process_seconds"]
+    # and so do the slowest checks in the terminal summary
+    assert re.search(r"s  interpreter +test_kernels\.py::test_clean \(its processes, start-up included; "
+                     r"the test itself [\d.]+s, [\d.]+s under the sanitizer\)", out)
 
 
 def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch):
