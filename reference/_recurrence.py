@@ -53,8 +53,7 @@ def run_recurrence(step, tokens, state_shape, output_shape,
             S = initial_state[n]
         if sequence_tokens[0].shape[0] == 0:
             return S.new_zeros((0, *output_shape)), S
-        o, S = scan_steps(step, S, sequence_tokens, time_dim=0)
-        return o, S
+        return scan_steps(step, S, sequence_tokens, time_dim=0)
 
     if cu_seqlens is None:
         # Batch rows are independent sequences of equal length: one scan over all of them
