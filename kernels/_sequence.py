@@ -1,4 +1,10 @@
-"""In-kernel lookup of the sequence that owns each token.
+"""Where each sequence lies: in-kernel helpers every family shares.
+
+Two launch shapes need them. Sequence programs (a state pass, a recurrent scan) own one
+sequence and ask :func:`sequence_bounds` for its first token and length. Chunk programs
+keep per-chunk states in a buffer of *slots* (:func:`state_slots`,
+:func:`first_state_slot`). Token programs find the sequence of each token with
+:func:`token_sequence`.
 
 Token kernels tile ``[B, T]`` as ``B * cdiv(T, BLOCK)`` tiles that never straddle two
 batch rows, so a tile's rows sit at a fixed stride from one base pointer. Without
@@ -27,7 +33,7 @@ def tile_origin(tile, T, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def sequence_span(t, b, cu_seqlens, T, N, steps, VARLEN: tl.constexpr, BLOCK: tl.constexpr):
+def token_sequence(t, b, cu_seqlens, T, N, steps, VARLEN: tl.constexpr, BLOCK: tl.constexpr):
     """``(n, start, end)`` as int64 ``[BLOCK]`` vectors for tokens ``t`` of batch row ``b``.
 
     Without ``VARLEN`` the row is the sequence: ``(b, 0, T)``. With it, bisection keeps
@@ -49,3 +55,35 @@ def sequence_span(t, b, cu_seqlens, T, N, steps, VARLEN: tl.constexpr, BLOCK: tl
     else:
         zero = tl.zeros([BLOCK], dtype=tl.int64)
         return zero + b, zero, zero + T
+
+
+@triton.jit
+def sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN: tl.constexpr):
+    """(first token, length) of sequence ``i_n`` (int64 first token): from ``cu_seqlens``
+    when packed, else row ``i_n`` of a ``[B, T]`` batch."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T_seq = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    else:
+        bos = i_n * T
+        T_seq = T
+    return bos, T_seq
+
+
+@triton.jit
+def first_state_slot(bos, i_n, T, CHUNK: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Slot of a sequence's first chunk in a per-chunk state buffer (see ``state_slots``)."""
+    if IS_VARLEN:
+        slot = bos // CHUNK + i_n
+    else:
+        slot = i_n * tl.cdiv(T, CHUNK)
+    return slot
+
+
+def state_slots(B: int, T: int, N: int, chunk: int, varlen: bool) -> int:
+    """Rows of a per-chunk state buffer. Fixed length: sequence b's chunk c is row
+    ``b * ceil(T / chunk) + c``. Packed: sequence n's chunk c is row
+    ``cu_seqlens[n] // chunk + n + c``, which is injective (a sequence of length L starting
+    at s ends before row ``(s + L) // chunk + n + 1``, where the next one starts) and below
+    ``T // chunk + N``; so no host-side prefix sum over the lengths is needed."""
+    return T // chunk + N if varlen else B * -(-T // chunk)

@@ -31,7 +31,7 @@ more host time than the kernel takes on the GPU. The Python wrappers validate fi
 Kernel: one launch per tensor, grid ``(B * cdiv(T, BLOCK_T), cdiv(H, BLOCK_H))``: a
 program owns ``BLOCK_T`` tokens times ``BLOCK_H`` heads (about 8K elements), computes
 the angles once per token and applies them to every head. Under ``cu_seqlens`` each
-token finds its sequence by bisection in the kernel (``_sequence.sequence_span``).
+token finds its sequence by bisection in the kernel (``_sequence.token_sequence``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import triton.language as tl
 
 from . import _utils
 from . import _validate as V
-from ._sequence import search_steps, sequence_span, tile_origin
+from ._sequence import search_steps, tile_origin, token_sequence
 
 MAX_HEAD_DIM = 1024
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -63,7 +63,7 @@ def _rotary_kernel(
     t = t0 + r
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     t_ok = t < T
-    n, start, _ = sequence_span(t, b, cu_seqlens, T, N, steps, VARLEN, BLOCK_T)
+    n, start, _ = token_sequence(t, b, cu_seqlens, T, N, steps, VARLEN, BLOCK_T)
     if PER_SEQUENCE_OFFSET:
         pos = t - start + tl.load(offsets + n, mask=t_ok, other=0).to(tl.int64)
     else:

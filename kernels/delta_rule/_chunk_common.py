@@ -1,22 +1,10 @@
-"""Pieces shared by the chunked delta-rule kernels: chunk coordinates, gate decay, configs.
-
-Every chunk-parallel kernel is launched over (chunk, value head[, value block]) flattened
-onto grid axis 0. A chunk is found either directly (equal-length sequences: sequence
-``n = chunk // NT``) or through the varlen table of ``kernels._utils.chunk_map``.
-
-Per-chunk states ``h`` live in a buffer of "slots", one slot per chunk. For equal-length
-sequences the slot is the flat chunk index. For packed sequences it is
-``bos // BT + n + c`` (first token, sequence index, chunk within the sequence): that is
-one-to-one over the chunks of all sequences and stays below ``T // BT + N``, so neither the
-state pass nor the chunk kernels need a host-built table of per-sequence chunk offsets.
-(Proof: the last slot of sequence ``n`` is ``bos_n // BT + n + ceil(len_n / BT) - 1``, and
-``bos_n // BT + ceil(len_n / BT) <= (bos_n + len_n) // BT + 1 = bos_{n+1} // BT + 1``, so it is
-below the first slot ``bos_{n+1} // BT + n + 1`` of sequence ``n + 1``.)
+"""Pieces of the chunked delta-rule kernels alone: the chunk size, gate loads, the state
+pass's program, and the configs per target arch. What every chunked family shares
+(coordinates, tiles, state pieces) is in ``kernels._chunk``.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -24,74 +12,11 @@ import triton
 import triton.language as tl
 
 from .. import _arch
+from .._chunk import chunk_span
 from .._utils import block_size
 
 CHUNK = 64  # BT: tokens per chunk
 L2NORM_EPS = tl.constexpr(1e-6)  # use_qk_l2norm_in_kernel: y = x / sqrt(sum(x^2) + eps)
-
-
-# Triton 3.6's interpreter multiplies the raw bit patterns of bf16 dot operands; under it,
-# `mm` upcasts them first. Compiled code never takes that branch.
-_INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
-@triton.jit
-def mm(a, b):
-    """``a @ b`` accumulated in fp32; fp32 operands take three-pass tf32 (near-fp32 products)."""
-    if _INTERPRETING:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    return tl.dot(a, b, input_precision="tf32x3")
-
-
-def state_slots(T: int, num_sequences: int, varlen: bool) -> int:
-    """Number of per-chunk state slots (see the module docstring)."""
-    if varlen:
-        return T // CHUNK + num_sequences
-    return num_sequences * triton.cdiv(T, CHUNK)
-
-
-@triton.jit
-def chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """For launch row ``i_chunk`` (int64): sequence, first token of the chunk, end of the sequence, state slot."""
-    if IS_VARLEN:
-        i_n = tl.load(chunk_map + i_chunk * 2).to(tl.int64)
-        i_c = tl.load(chunk_map + i_chunk * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        slot = bos // BT + i_n + i_c
-    else:
-        NT = tl.cdiv(T, BT)
-        i_n = i_chunk // NT
-        i_c = i_chunk % NT
-        bos = i_n * T
-        eos = bos + T
-        slot = i_chunk
-    return i_n, bos + i_c * BT, eos, slot
-
-
-@triton.jit
-def sequence_span(i_n, cu_seqlens, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """For sequence ``i_n`` (int64): first token, end token, state slot of its first chunk."""
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        slot0 = bos // BT + i_n
-    else:
-        bos = i_n * T
-        eos = bos + T
-        slot0 = i_n * tl.cdiv(T, BT)
-    return bos, eos, slot0
-
-
-@triton.jit
-def masked_exp(diff, mask):
-    """``exp(diff)`` where ``mask``, else 0, for a float64 difference of cumulative gates.
-
-    The difference is replaced under the mask before ``exp``: the masked-out entries are
-    the ones whose log-decay difference is positive (a later minus an earlier cumulative
-    gate), which overflow for strong decay.
-    """
-    return tl.where(mask, tl.exp(tl.where(mask, diff, 0.0).to(tl.float32)), 0.0)
 
 
 @triton.jit
@@ -108,41 +33,6 @@ def load_gate_chunk(G, t0, n_valid, i_hv, HV: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def rows_tile(base, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, col0, BR: tl.constexpr, BC: tl.constexpr):
-    """[BR, BC] tile of a row-major [n_rows, n_cols] matrix (rows ``row_stride`` apart), zero-padded."""
-    p = tl.make_block_ptr(base, (n_rows, n_cols), (row_stride, 1), (0, col0), (BR, BC), (1, 0))
-    return tl.load(p, boundary_check=(0, 1), padding_option="zero")
-
-
-@triton.jit
-def rows_tile_t(base, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, col0, BR: tl.constexpr, BC: tl.constexpr):
-    """The same tile transposed: [BC, BR]."""
-    p = tl.make_block_ptr(base, (n_cols, n_rows), (1, row_stride), (col0, 0), (BC, BR), (0, 1))
-    return tl.load(p, boundary_check=(0, 1), padding_option="zero")
-
-
-@triton.jit
-def rows_tile_store(base, value, n_rows, row_stride: tl.constexpr, n_cols: tl.constexpr, col0,
-                    BR: tl.constexpr, BC: tl.constexpr):
-    """Store a [BR, BC] tile into a row-major [n_rows, n_cols] matrix, in the matrix's dtype."""
-    p = tl.make_block_ptr(base, (n_rows, n_cols), (row_stride, 1), (0, col0), (BR, BC), (1, 0))
-    tl.store(p, value.to(p.dtype.element_ty), boundary_check=(0, 1))
-
-
-@triton.jit
-def state_piece_load(base, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
-    """Key rows [i_p BKS, (i_p + 1) BKS) of the value block ``i_v`` of a [K, V] state."""
-    p = tl.make_block_ptr(base, (K, V), (V, 1), (i_p * BKS, i_v * BV), (BKS, BV), (1, 0))
-    return tl.load(p, boundary_check=(0, 1), padding_option="zero")
-
-
-@triton.jit
-def state_piece_store(base, b, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr):
-    p = tl.make_block_ptr(base, (K, V), (V, 1), (i_p * BKS, i_v * BV), (BKS, BV), (1, 0))
-    tl.store(p, b.to(p.dtype.element_ty), boundary_check=(0, 1))
-
-
-@triton.jit
 def state_program(cu_seqlens, T, H: tl.constexpr, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr):
     """A state pass's program: (value block, sequence * HV + value head, value head, key head,
@@ -151,39 +41,8 @@ def state_program(cu_seqlens, T, H: tl.constexpr, HV: tl.constexpr, V: tl.conste
     pid = tl.program_id(0).to(tl.int64)
     i_nh = pid // NV
     i_hv = i_nh % HV
-    bos, eos, slot0 = sequence_span(i_nh // HV, cu_seqlens, T, BT, IS_VARLEN)
+    bos, eos, slot0 = chunk_span(i_nh // HV, cu_seqlens, T, BT, IS_VARLEN)
     return (pid % NV).to(tl.int32), i_nh, i_hv, i_hv // (HV // H), bos, eos, slot0, tl.cdiv(eos - bos, BT)
-
-
-@triton.jit
-def load_state_pieces(states, i_nh, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr,
-                      BV: tl.constexpr, LOAD: tl.constexpr):
-    """The value block of the [K, V] fp32 state ``i_nh`` of ``states`` as four [BKS, BV]
-    pieces (those past NKS zero); all zero without LOAD (``states`` then None)."""
-    b1 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b2 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b3 = tl.zeros([BKS, BV], dtype=tl.float32)
-    b4 = tl.zeros([BKS, BV], dtype=tl.float32)
-    if LOAD:
-        base = states + i_nh * K * V
-        b1 += state_piece_load(base, 0, i_v, K, V, BKS, BV)
-        if NKS > 1:
-            b2 += state_piece_load(base, 1, i_v, K, V, BKS, BV)
-        if NKS > 2:
-            b3 += state_piece_load(base, 2, i_v, K, V, BKS, BV)
-            b4 += state_piece_load(base, 3, i_v, K, V, BKS, BV)
-    return b1, b2, b3, b4
-
-
-@triton.jit
-def store_state_pieces(base, b1, b2, b3, b4, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr,
-                       NKS: tl.constexpr, BV: tl.constexpr):
-    state_piece_store(base, b1, 0, i_v, K, V, BKS, BV)
-    if NKS > 1:
-        state_piece_store(base, b2, 1, i_v, K, V, BKS, BV)
-    if NKS > 2:
-        state_piece_store(base, b3, 2, i_v, K, V, BKS, BV)
-        state_piece_store(base, b4, 3, i_v, K, V, BKS, BV)
 
 
 @dataclass(frozen=True)

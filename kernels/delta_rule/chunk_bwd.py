@@ -19,10 +19,10 @@ import triton
 import triton.language as tl
 
 from .._utils import empty
-from ._chunk_common import (
-    CHUNK, chunk_coords, load_gate_chunk, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store,
-    state_piece_load, state_program, store_state_pieces,
+from .._chunk import (
+    chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
+from ._chunk_common import CHUNK, load_gate_chunk, state_program
 
 
 @triton.jit

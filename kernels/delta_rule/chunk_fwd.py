@@ -22,10 +22,11 @@ import triton
 import triton.language as tl
 
 from .._utils import empty
-from ._chunk_common import (
-    CHUNK, L2NORM_EPS, chunk_coords, load_gate_chunk, load_state_pieces, masked_exp, mm, rows_tile,
-    rows_tile_store, rows_tile_t, state_piece_load, state_program, state_slots, store_state_pieces,
+from .._chunk import (
+    chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, rows_tile_t, state_piece_load, store_state_pieces,
 )
+from .._sequence import state_slots
+from ._chunk_common import CHUNK, L2NORM_EPS, load_gate_chunk, state_program
 
 
 @triton.jit
@@ -284,7 +285,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
             num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags,
         )
 
-    h = empty((state_slots(T, num_seqs, varlen), HV, K, V), dt, q.device)
+    h = empty((state_slots(num_seqs, T, num_seqs, CHUNK, varlen), HV, K, V), dt, q.device)
     vn = empty((B, T, HV, V), dt, q.device)
     final_state = empty((num_seqs, HV, K, V), torch.float32, q.device) if output_final_state else None
     state_pass_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_BV),)](

@@ -85,7 +85,7 @@ import triton.language as tl
 
 from .. import _arch, _validate
 from .._utils import cdiv, empty
-from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
+from .._sequence import first_state_slot, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
 GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
@@ -202,7 +202,7 @@ def fused_recurrent_delta_fwd_kernel(
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // G
-    bos, seq_len = sequence_span(cu_seqlens, i_n, T, VARLEN)
+    bos, seq_len = sequence_bounds(cu_seqlens, i_n, T, VARLEN)
     first_slot = first_state_slot(bos, i_n, T, C, VARLEN)
 
     o_k = tl.arange(0, BK)
@@ -266,7 +266,7 @@ def fused_recurrent_delta_bwd_kernel(
     i_n = i_nh // HV
     i_hv = i_nh % HV
     i_h = i_hv // G
-    bos, seq_len = sequence_span(cu_seqlens, i_n, T, VARLEN)
+    bos, seq_len = sequence_bounds(cu_seqlens, i_n, T, VARLEN)
     first_slot = first_state_slot(bos, i_n, T, C, VARLEN)
 
     o_k = tl.arange(0, BK)

@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from .._utils import block_size, cdiv, empty
-from .indexing import first_state_slot, sequence_span, state_slots
+from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
 
 
@@ -71,7 +71,7 @@ def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constex
     i_nh = pid // NV
     i_v = pid % NV
     i_h = i_nh % H
-    bos, T_seq = sequence_span(cu_seqlens, i_nh // H, T, IS_VARLEN)
+    bos, T_seq = sequence_bounds(cu_seqlens, i_nh // H, T, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K

@@ -60,7 +60,7 @@ given the gate is ``g + g_gamma``.
 
 Varlen: chunks of all sequences are listed by ``kernels._utils.chunk_map``; sequence n's
 chunk c stores its state in slot ``cu_seqlens[n] // BT + n + c`` of the per-chunk buffer
-(``gated_recurrent.indexing.state_slots``: injective, no host-side prefix sum).
+(``_sequence.state_slots``: injective, no host-side prefix sum).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ import triton.language as tl
 from .. import _arch
 from .._utils import block_size, cdiv, chunk_map, empty
 from ..gated_recurrent.fused_recurrent import recurrent_backward
-from ..gated_recurrent.indexing import first_state_slot, sequence_span, state_slots
+from .._sequence import first_state_slot, sequence_bounds, state_slots
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
 
 CHUNK_SIZE = 64
@@ -167,7 +167,7 @@ def chunk_state_pass_kernel(
     i_v = i_kv % NV
     i_n = i_nh // H
     i_h = i_nh % H
-    bos, T_seq = sequence_span(cu_seqlens, i_n, T, IS_VARLEN)
+    bos, T_seq = sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     slot0 = first_state_slot(bos, i_n, T, BT, IS_VARLEN)
 
     o_t = tl.arange(0, BT)

@@ -16,7 +16,7 @@ from kernels import (
     fused_recurrent_simple_gla,
 )
 from kernels._arch import is_interpreter
-from kernels.gated_recurrent.indexing import state_slots
+from kernels._sequence import state_slots
 from kernels.simple_gla.chunk import CHUNK_SIZE
 
 pytestmark = pytest.mark.skipif(
