@@ -53,7 +53,9 @@ GATED_CASES = (
 # kda: per-channel gates; strong decay is where the in-chunk matrices need the gate levels
 KDA_CASES = (
     Case("gva_state", {**SMALL, "H": 1, "HV": 2}, options=WITH_STATE, gpu_dims={**GPU, "HV": 16}),
-    Case("strong_decay_l2norm", {**SMALL, "K": 16, "HV": 4}, dist="strong_decay", options={**WITH_STATE, **L2NORM},
+    # one sequence, two value heads: the agreement check steps the fused-recurrent kernel
+    # through T in the interpreter, program by program
+    Case("strong_decay_l2norm", {**SMALL, "B": 1, "H": 1, "HV": 2, "K": 16}, dist="strong_decay", options={**WITH_STATE, **L2NORM},
          gpu_dims={**GPU, "T": 1024, "HV": 16, "K": 256, "V": 256}),
     Case("wide_no_state", {"B": 1, "T": 70, "H": 2, "K": 48, "V": 40}, gpu_dims={**GPU, "K": 96, "V": 200},
          checks=("forward", "backward")),
@@ -61,7 +63,7 @@ KDA_CASES = (
 )
 KDA_COMPILE = tuple(
     Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
-    for d in (64, 128, 256)
+    for d in (64, 128)
 )
 DELTA_CASES = (
     Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
