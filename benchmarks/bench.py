@@ -136,6 +136,67 @@ def call_ours_rmsnorm_gated(fn, kwargs):
     return fn(kwargs["x"], kwargs["g"], eps=1e-6)
 
 
+# GatedDeltaNet layer: hidden 2048, 16 heads of 128 (value heads of 128), B=4, T=4096
+LAYER = dict(hidden_size=2048, head_dim=128, num_heads=16, expand_v=1.0, conv_size=4, use_gate=True,
+             mode="chunk", norm_eps=1e-5)
+LAYER_SHAPE = dict(B=4, T=4096)
+_layers: dict = {}
+
+
+def layer_inputs():
+    return dict(x=rand(LAYER_SHAPE["B"], LAYER_SHAPE["T"], LAYER["hidden_size"]))
+
+
+def call_layer(cls, kwargs):
+    """Built once, on the untimed first call, with the sizes of LAYER (the arguments its
+    constructor accepts), in bf16; then only its forward is timed. Returns its outputs."""
+    layer = _layers.get(cls)
+    if layer is None:
+        accepted = inspect.signature(cls.__init__).parameters
+        layer = cls(**{k: v for k, v in LAYER.items() if k in accepted}).cuda().to(torch.bfloat16)
+        _layers[cls] = layer
+    return layer(kwargs["x"])
+
+
+class FlaCoreGatedDeltaNet(torch.nn.Module):
+    """The GatedDeltaNet layer composed from fla-core's own pieces (its short convolution,
+    gated RMS norm and chunk_gated_delta_rule), for a peer side where the package that
+    ships ``fla.layers`` is not installed: the same steps and sizes as ours."""
+
+    def __init__(self, rule):
+        super().__init__()
+        from fla.modules import FusedRMSNormGated, ShortConvolution
+
+        C, H, D = LAYER["hidden_size"], LAYER["num_heads"], LAYER["head_dim"]
+        self.rule, self.H, self.D = rule, H, D
+        linear = lambda i, o: torch.nn.Linear(i, o, bias=False)  # noqa: E731
+        self.q_proj, self.k_proj, self.v_proj, self.g_proj = (linear(C, H * D) for _ in range(4))
+        self.a_proj, self.b_proj = linear(C, H), linear(C, H)
+        self.o_proj = linear(H * D, C)
+        self.A_log = torch.nn.Parameter(torch.empty(H).uniform_(1, 16).log())
+        self.dt_bias = torch.nn.Parameter(torch.rand(H) * 0.1)
+        self.q_conv, self.k_conv, self.v_conv = (ShortConvolution(H * D, LAYER["conv_size"], activation="silu")
+                                                 for _ in range(3))
+        self.o_norm = FusedRMSNormGated(D, eps=LAYER["norm_eps"])
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = (conv(proj(x))[0].view(B, T, self.H, self.D)
+                   for conv, proj in ((self.q_conv, self.q_proj), (self.k_conv, self.k_proj), (self.v_conv, self.v_proj)))
+        beta = self.b_proj(x).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
+        o, _ = self.rule(q=q, k=k, v=v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        o = self.o_norm(o, self.g_proj(x).view(B, T, self.H, self.D))
+        return self.o_proj(o.reshape(B, T, -1))
+
+
+def call_core_layer(rule, kwargs):
+    layer = _layers.get("fla-core")
+    if layer is None:
+        layer = _layers["fla-core"] = FlaCoreGatedDeltaNet(rule).cuda().to(torch.bfloat16)
+    return layer(kwargs["x"])
+
+
 BENCHES = [
     Bench("chunk_simple_gla", "kernels.chunk_simple_gla", "fla.ops.simple_gla.chunk_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g")),
     Bench("chunk_retention", "kernels.chunk_retention", "fla.ops.retention.chunk_retention", linear_inputs(), ("q", "k", "v")),
@@ -153,6 +214,9 @@ BENCHES = [
     Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("x"), ("x",), _module_floor("x"), call_ours_rmsnorm, call_rmsnorm),
     Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g"), _module_floor("gated"), call_ours_rmsnorm_gated, call_rmsnorm_gated),
     Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), _module_floor("conv"), call_conv, call_conv),
+    Bench("chunk_kda", "kernels.chunk_kda", "fla.ops.kda.chunk_kda", linear_inputs("channel", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta")),
+    Bench("gated_deltanet_layer", "kernels.layers.GatedDeltaNet", "fla.layers.GatedDeltaNet", layer_inputs, ("x",), call=call_layer, peer_call=call_layer),
+    Bench("gated_deltanet_layer_core", "kernels.layers.GatedDeltaNet", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", layer_inputs, ("x",), call=call_layer, peer_call=call_core_layer),
 ]
 
 
@@ -242,7 +306,7 @@ def run(benches, out_path, warm_only=False):
 
 def write_report(device, bandwidth, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
-              "copy_bandwidth_TBps": bandwidth / 1e12, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV},
+              "copy_bandwidth_TBps": bandwidth / 1e12, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV, "layer": {**LAYER, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
     if out_path:
