@@ -638,6 +638,8 @@ def test_packed_sequences_match_separate_calls(spec, case, start, index_dtype):
     assert o.shape[:2] == (1, sum(lengths))
     bounds = kwargs["cu_seqlens"].tolist()
     for n, (begin, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if begin == end:
+            continue  # a zero-length sequence: its final state is checked below
         o_n, final_n = call(spec, sequence_slice(spec, kwargs, begin, end, n))
         torch.testing.assert_close(o[:, begin:end], o_n)
         if final is not None:
