@@ -22,3 +22,13 @@ def pytest_fla_specs(config):
 
         return peer_specs()
     raise pytest.UsageError(f"--fla-impl={impl}: this repository checks {' or '.join(IMPLEMENTATIONS)}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # fla-core allocates with torch.empty: poison torch's allocators for its run (this
+    # repo's own kernels read kernels._utils.POISON_ALLOCATIONS, the ini's setting)
+    if config.getoption("fla_impl") == "fla":
+        from pytest_fla import poison
+
+        poison.configure(["torch"])

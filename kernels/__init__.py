@@ -1,4 +1,4 @@
-"""Triton kernels for linear attention and the modules around it (contract: OPS.md).
+"""Triton kernels for linear attention and the modules around it (contract: docs/ops.md).
 
 Every op validates its inputs before launching (``kernels._validate``), returns
 ``(o, final_state)`` for the recurrent families, and has its backward in Triton.

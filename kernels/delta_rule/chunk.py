@@ -1,6 +1,6 @@
 r"""Chunked delta rule and gated delta rule: ``chunk_delta_rule``, ``chunk_gated_delta_rule``.
 
-Recurrence (per value head; OPS.md), state ``S`` of shape [K, V]::
+Recurrence (per value head; docs/ops.md), state ``S`` of shape [K, V]::
 
     S_t = e^{g_t} (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,    o_t = S_t^T (scale q_t)
 

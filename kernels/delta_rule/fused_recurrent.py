@@ -1,7 +1,7 @@
 """Fused-recurrent delta rules: one pass over time, the state held in registers.
 
 Three ops share one forward kernel and one backward kernel; a ``tl.constexpr`` gate
-switch selects the decay (contract: OPS.md):
+switch selects the decay (contract: docs/ops.md):
 
 * ``fused_recurrent_delta_rule``:       ``S_t = (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
 * ``fused_recurrent_gated_delta_rule``: ``S_t = e^{g_t} (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
@@ -91,7 +91,7 @@ GATE_NONE = 0  # delta rule
 GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
 GATE_CHANNEL = 2  # one log decay per key channel (kda)
 
-L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (OPS.md)
+L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (docs/ops.md)
 MAX_HEAD_DIM = 256
 
 

@@ -1,6 +1,6 @@
 """Fused-recurrent kernels for the gated linear recurrences, forward and backward.
 
-One kernel pair serves linear_attn, simple_gla, retention and gla (OPS.md):
+One kernel pair serves linear_attn, simple_gla, retention and gla (docs/ops.md):
 
     S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T,     o_t = S_t^T (scale q_t)
 

@@ -1,6 +1,6 @@
 """Chunked simple_gla (and its special cases retention and linear_attn), forward and backward.
 
-Recurrence, per head (OPS.md): ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``,
+Recurrence, per head (docs/ops.md): ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``,
 with a scalar log gate g ``[B, T, H]``, a constant one ``g_gamma [H]``, their sum, or none.
 
 Chunk form (chunk size BT = 64). In a chunk starting with state ``H_c``, let
