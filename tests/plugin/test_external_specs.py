@@ -125,3 +125,20 @@ def test_ops_option_and_no_checks_without_the_import(pytester):
     (pytester.path / "test_conformance.py").unlink()
     pytester.makepyfile(test_other="def test_one():\n    pass\n")
     run(pytester, "-q").assert_outcomes(passed=1)
+
+
+@cpu_only
+def test_an_isolated_test_runs_the_implementation_the_session_chose(pytester):
+    """--fla-impl reaches the child processes of --fla-isolate: their tests have the same
+    ids whichever implementation the specs call."""
+    project(pytester)
+    pytester.makeconftest(CONFTEST + '''
+_first = pytest_fla_specs
+def pytest_fla_specs(config):
+    good, buggy = _first(config)
+    import dataclasses
+    return [dataclasses.replace(good, op=buggy.op) if config.getoption("fla_impl") == "buggy" else good]
+''')
+    args = ("-q", "--fla-isolate=test", "-k", "every_output_written")
+    run(pytester, *args).assert_outcomes(passed=1)
+    run(pytester, *args, "--fla-impl=buggy").assert_outcomes(failed=1)
