@@ -105,7 +105,7 @@ def prepare_wy_kernel(
     if L2NORM:
         b_rk = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         # every value head of the group computes the same norms; the first one stores them
-        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=valid & (i_hv % (HV // H) == 0))
+        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=tl.where(i_hv % (HV // H) == 0, valid, False))
         b_A = b_A * b_rk[:, None] * b_rk[None, :]
         b_kscale = b_kscale * b_rk
 
@@ -236,7 +236,7 @@ def output_kernel(
             b_ss += tl.sum(b_qf * b_qf, axis=1)
         b_rq = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         first = (i_v == 0) & (i_hv % (HV // H) == 0)
-        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=valid & first)
+        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=tl.where(first, valid, False))
         b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
         b_o = b_o * b_rq[:, None]
         b_A = b_A * b_rq[:, None] * b_rk[None, :]

@@ -107,10 +107,10 @@ def _load_token(q, k, v, g, beta, tok, valid, i_h, i_hv, o_k, o_v, m_k, m_v,
     Split from their use so that the loop can issue the next token's loads before it
     computes the current one: the memory latency then hides behind a step's arithmetic.
     """
-    m_k = m_k & valid
+    m_k = tl.where(valid, m_k, False)
     b_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
     b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v & valid, other=0.0)
+    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=tl.where(valid, m_v, False), other=0.0)
     b_beta = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0)
     if GATE == 1:
         b_g = tl.load(g + tok * HV + i_hv, mask=valid, other=0.0)
@@ -277,6 +277,7 @@ def fused_recurrent_delta_bwd_kernel(
     o_kv = o_k[:, None] * V + o_v[None, :]
     # this program's scratch: C tiles [BK, BV], written and read back by the same program
     p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    whole_tile = tl.full([BK, BV], True, tl.int1)
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -313,8 +314,8 @@ def fused_recurrent_delta_bwd_kernel(
             b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
             nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
                                                 o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=m_v & (i > 0), other=0.0)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
+            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=tl.where(i > 0, m_v, False), other=0.0)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
             b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
             b_v = b_v.to(tl.float32)
             b_do = b_do.to(tl.float32)

@@ -227,8 +227,8 @@ def fused_recurrent_bwd_kernel(
             j = SEG - 1 - jj
             valid = seg * SEG + j < T_seq
             row = (bos + seg * SEG + j) * H + i_h
-            m_kt = m_k & valid
-            m_vt = m_v & valid
+            m_kt = tl.where(valid, m_k, False)
+            m_vt = tl.where(valid, m_v, False)
             bq = tl.load(q + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
             bk = tl.load(k + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
             bv = tl.load(v + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
