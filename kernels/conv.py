@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from . import _partials, _utils
+from ._arch import COMPILE_OPTIONS
 from . import _validate as V
 from ._sequence import search_steps
 
@@ -355,7 +356,7 @@ class _CausalConv1dFunction(torch.autograd.Function):
                 x, weight, bias, state_rows, cu_seqlens, y,
                 T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges,
                 W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
-                SILU=silu, ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps,
+                SILU=silu, ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
             )
         final_state = None
         if output_final_state:
@@ -365,7 +366,7 @@ class _CausalConv1dFunction(torch.autograd.Function):
                 _conv_final_state_kernel[(num_sequences, _utils.cdiv(D, BLOCK_DS))](
                     x, state_rows, cu_seqlens, final_state,
                     T, D, *_row_strides(x),
-                    W=W, HAS_STATE=initial_state is not None, VARLEN=varlen, BLOCK_D=BLOCK_DS, num_warps=4,
+                    W=W, HAS_STATE=initial_state is not None, VARLEN=varlen, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
                 )
         ctx.save_for_backward(x, weight, bias, state_rows, cu_seqlens)
         ctx.num_sequences = num_sequences
@@ -391,7 +392,7 @@ class _CausalConv1dFunction(torch.autograd.Function):
                 T, D, *_row_strides(x), *_row_strides(dy), N, search_steps(N), ranges,
                 W=W, HAS_BIAS=bias is not None, HAS_STATE=state_rows is not None,
                 HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen, SILU=ctx.silu,
-                ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps,
+                ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
             )
         else:
             dparams.zero_()
@@ -407,7 +408,7 @@ class _CausalConv1dFunction(torch.autograd.Function):
                     x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dstate,
                     T, D, *_row_strides(x), *_row_strides(dy),
                     W=W, HAS_BIAS=bias is not None, HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen,
-                    SILU=ctx.silu, BLOCK_D=BLOCK_DS, num_warps=4,
+                    SILU=ctx.silu, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
                 )
         return dx, dweight, dbias, dstate, None, None, None, None
 

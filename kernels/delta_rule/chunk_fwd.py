@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._utils import empty
 from .._chunk import (
     chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, rows_tile_t, state_piece_load, store_state_pieces,
@@ -282,7 +283,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         prepare_wy_kernel[(n_chunks * HV,)](
             k, v, g, beta, L, w, u, G, rk, cu_seqlens, chunk_map, T,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, STORE_L=keep_for_backward,
-            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags,
+            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags, **COMPILE_OPTIONS,
         )
 
     h = empty((state_slots(num_seqs, T, num_seqs, CHUNK, varlen), HV, K, V), dt, q.device)
@@ -292,7 +293,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         k, w, u, G, rk, initial_state, h, vn, final_state, cu_seqlens, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
-        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
+        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags, **COMPILE_OPTIONS,
     )
 
     o = empty((B, T, HV, V), v.dtype, q.device)
@@ -301,7 +302,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
             q, k, vn, h, G, rk, rq, o, P, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=keep_for_backward,
-            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags,
+            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags, **COMPILE_OPTIONS,
         )
     saved = dict(G=G, L=L, P=P, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
     return o, final_state, saved

@@ -84,6 +84,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch, _validate
+from .._arch import COMPILE_OPTIONS
 from .._utils import cdiv, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
@@ -491,7 +492,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state,
             SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     return o, ht, ckpt, C
 
@@ -523,7 +524,7 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
 
     dq = empty(q.shape, q.dtype, device)
@@ -536,7 +537,7 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
         fused_recurrent_delta_reduce_kernel[(n_blocks,)](
             q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
-            num_warps=4,
+            num_warps=4, **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dg, dbeta, dh0
 
