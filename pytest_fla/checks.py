@@ -249,13 +249,10 @@ def check_huge_grid(spec: OpSpec, dtype: str, device, seed: int) -> None:
 
 def dtype_skip_reason(dtype: str, device) -> str | None:
     """Why ``dtype`` can't be checked on ``device`` (None when it can)."""
-    import triton
+    from .toolchain import interpreter_skip_reason
 
-    if torch.device(device).type == "cpu" and dtype == "bf16":
-        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-        if (major, minor) < (3, 8):
-            return (f"Triton {triton.__version__}'s interpreter computes bf16 tl.dot wrongly; "
-                    "bf16 is checked on the GPU")
+    if torch.device(device).type == "cpu":
+        return interpreter_skip_reason(dtype)
     if torch.device(device).type == "cuda" and dtype == "fp16":
         return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
     return None

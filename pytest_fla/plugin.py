@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import distribute, repro, sanitizer, targets
+from . import distribute, repro, sanitizer, targets, toolchain
 from . import report as run_report
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     fla_poison_allocations,
@@ -166,7 +166,7 @@ def pytest_report_header(config):
     state = config.stash.get(RUN, None)
     if state is None or state.role != "controller":
         return None
-    lines = [f"fla targets ({len(state.targets)}):"]
+    lines = [toolchain.header_line(), f"fla targets ({len(state.targets)}):"]
     lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
     if len(state.targets) > 1:
         lines.append("  one xdist worker per target; compile checks run in their own arch's worker")

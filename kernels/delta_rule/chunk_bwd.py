@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._utils import empty
 from .._chunk import (
     chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
@@ -304,7 +305,7 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
         cu_seqlens, T, scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_grad_BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **flags,
+        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **flags, **COMPILE_OPTIONS,
     )
 
     direct = HV == H and not l2norm  # dq, dk need neither a head sum nor the norm's backward
@@ -320,7 +321,7 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
             dq_heads, dk_heads, dv, dbeta, dg,
             cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            num_warps=cfg.grad_warps, num_stages=cfg.grad_stages, **flags,
+            num_warps=cfg.grad_warps, num_stages=cfg.grad_stages, **flags, **COMPILE_OPTIONS,
         )
     if direct:
         dq, dk = dq_heads, dk_heads
@@ -331,6 +332,6 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
         if n_tokens > 0:
             qk_grad_finalize_kernel[(triton.cdiv(n_tokens, BTOK) * H,)](
                 q, k, saved["rq"], saved["rk"], dq_heads, dk_heads, dq, dk, n_tokens,
-                H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4,
+                H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4, **COMPILE_OPTIONS,
             )
     return dq, dk, dv, dg, dbeta, dh0

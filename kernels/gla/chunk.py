@@ -139,6 +139,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch, _utils
+from .._arch import COMPILE_OPTIONS
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
@@ -610,7 +611,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         cfg = lay.cfg["intra"]
         _intra_fwd[(lay.n_chunks * H,)](
             q, k, g, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
     o = _utils.empty_like(v)
     h_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device) if save_states else None
@@ -620,7 +621,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         q_in, k_out, v, decay, A, initial_state, o, h_chunks, final_state, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_H_CHUNKS=save_states,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     return o, final_state, (A, q_in, k_out, decay, h_chunks)
 
@@ -635,7 +636,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     dq = _utils.empty_like(q)
     dk = _utils.empty_like(k)
@@ -645,7 +646,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
         _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
             q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, lay.cu_seqlens, lay.chunk_map, scale,
             **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dg, dh0
 
