@@ -6,6 +6,7 @@ Every op validates its inputs before launching (``kernels._validate``), returns
 
 from .conv import causal_conv1d
 from .delta_rule.chunk import chunk_delta_rule, chunk_gated_delta_rule  # noqa: E402
+from .delta_rule.chunk_kda import chunk_kda  # noqa: E402
 from .gated_recurrent.fused_recurrent import (  # noqa: E402
     fused_recurrent_gla, fused_recurrent_linear_attn, fused_recurrent_retention, fused_recurrent_simple_gla,
 )

@@ -140,11 +140,11 @@ import triton.language as tl
 
 from .. import _arch, _utils
 from .._arch import COMPILE_OPTIONS
+from .._gate_levels import LEVELS, level_pairs, next_level_sums, right_half
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
 BT = 64  # chunk length
-LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition
 
 
 # --------------------------------------------------------------------------------------
@@ -208,39 +208,6 @@ def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.c
     return _tile(ptr + i_state.to(tl.int64) * (K * V) + k0 * V, K - k0, V, v0, V, BK, BV)
 
 
-@triton.jit
-def _right_half(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
-    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
-
-
-@triton.jit
-def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """In-block gate sums at ``level + 1`` from those at ``level``.
-
-    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
-    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
-    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
-    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
-    value stays a sum of same-sign terms: no cancellation, however large the decay.
-    """
-    s: tl.constexpr = 1 << level
-    rows = tl.arange(0, BT)[:, None]
-    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
-    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
-
-
-@triton.jit
-def _level_pairs(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
-    j in the first half of the same block of ``2 * 2**level`` rows."""
-    s: tl.constexpr = 1 << level
-    bi = tl.arange(0, BT)[:, None] // s
-    bj = tl.arange(0, BT)[None, :] // s
-    return (bi - bj == 1) & (bj % 2 == 0)
-
-
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
@@ -279,12 +246,12 @@ def _intra_fwd(
         L = b_g
         R = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
-            right = _right_half(level, BT)
+            right = right_half(level, BT)
             factor = tl.exp(tl.where(right, L, R))
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            L, R = _next_level_sums(L, R, right, level, BT, BK)
+            a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            L, R = next_level_sums(L, R, right, level, BT, BK)
         # One block per chunk: L = G (the cumulative gate), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
@@ -454,14 +421,14 @@ def _qkg_bwd(
     L = b_g
     R = tl.zeros([BT, BK], dtype=tl.float32)
     for level in tl.static_range(LEVELS):
-        right = _right_half(level, BT)
+        right = right_half(level, BT)
         factor = tl.exp(tl.where(right, L, R))
-        d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
+        d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
         k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
         dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
         q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
         dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        L, R = _next_level_sums(L, R, right, level, BT, BK)
+        L, R = next_level_sums(L, R, right, level, BT, BK)
     # L = G, R = G_L - G (see the forward).
     b_dq = dq_inter * tl.exp(L) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
