@@ -15,6 +15,7 @@ FAMILY_MODULES = (
     "delta_rule_recurrent",
     "dplr",
     "layers",
+    "attention",
 )
 
 
