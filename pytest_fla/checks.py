@@ -241,10 +241,11 @@ def check_huge_grid(spec: OpSpec, dtype: str, device, seed: int) -> None:
             )
         return
     # the first case's options (a gated norm needs its gate), at the huge sizes
+    # Beside the other checks: its inputs and float64 reference take 1-3 GB (measured on the
+    # CPU at HUGE_GRID_DIMS), no more than an ordinary check at GPU sizes.
     case = Case("huge_grid", dict(spec.huge_grid), options={**spec.cases[0].options, "output_final_state": True})
-    with device_exclusive(device):
-        check_forward(spec, case, dtype, device, seed)
-        torch.cuda.empty_cache()
+    check_forward(spec, case, dtype, device, seed)
+    torch.cuda.empty_cache()
 
 
 def dtype_skip_reason(dtype: str, device) -> str | None:
@@ -261,8 +262,8 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
 
 def device_exclusive(device):
     """This process alone on ``device``'s GPU (other workers' checks wait): for the checks
-    that need a large part of its memory (a 2**31-element batch, a B*H > 65535 batch with
-    its float64 reference)."""
+    that need a large part of its memory (a 2**31-element batch). Taking it waits for every
+    check in flight to end, which idles the rest of the GPU meanwhile: hold it only to run."""
     from . import gpu_share
 
     return gpu_share.for_device(torch.device(device)).alone()
@@ -272,14 +273,30 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
     """A batch whose tensors hold more than 2**31 elements (32-bit offsets wrap there):
     the last rows must still be right. Forward only, bf16; the rows are tiled from a small
     sample so that drawing inputs stays cheap, and the reference runs on that sample.
-    It runs alone on its GPU (``device_exclusive``), and is skipped, with the numbers,
-    where the GPU has not the memory for it (measured at 2 and 4 rows, scaled)."""
+    Its memory is measured first, beside the other checks (at 2 and 4 rows, scaled); it is
+    skipped, with the numbers, where the GPU has not that memory, and otherwise runs alone
+    on its GPU (``device_exclusive``)."""
+    small, repeats, need = _int64_plan(spec, device, seed, elements)
+    total = torch.cuda.get_device_properties(device).total_memory
+    if need > 0.9 * total:  # decided without stopping the other checks
+        _skip_int64(need, total, "this GPU has")
     with device_exclusive(device):
-        _check_int64_offsets(spec, device, seed, elements)
+        free, _ = torch.cuda.mem_get_info(device)
+        if need > 0.9 * free:
+            _skip_int64(need, free, "are free on this GPU")
+        _check_int64_offsets(spec, small, repeats)
         torch.cuda.empty_cache()
 
 
-def _check_int64_offsets(spec: OpSpec, device, seed: int, elements: int) -> None:
+def _skip_int64(need: int, have: int, where: str):
+    import pytest
+
+    pytest.skip(f"a batch past 2**31 elements needs about {need / 2**30:.0f} GiB here (measured at "
+                f"2 and 4 rows, scaled); {have / 2**30:.0f} GiB {where}")
+
+
+def _int64_plan(spec: OpSpec, device, seed: int, elements: int) -> tuple[Sample, int, int]:
+    """The small sample, how many times to tile it, and the bytes the tiled forward needs."""
     base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128},
                 options={**spec.cases[0].options, "output_final_state": True})
     small = spec.sample(base, "bf16", device, seed)
@@ -293,13 +310,10 @@ def _check_int64_offsets(spec: OpSpec, device, seed: int, elements: int) -> None
     with torch.no_grad():
         spec.call(small), spec.call(doubled)  # compiled and tuned before anything is measured
     once, twice = _forward_bytes(spec, small, device), _forward_bytes(spec, doubled, device)
-    need = once + max(twice - once, 0) * (repeats - 1)
-    free, _ = torch.cuda.mem_get_info(device)
-    if need > 0.9 * free:
-        import pytest
+    return small, repeats, once + max(twice - once, 0) * (repeats - 1)
 
-        pytest.skip(f"a batch past 2**31 elements needs about {need / 2**30:.0f} GiB here (measured at "
-                    f"2 and 4 rows, scaled); {free / 2**30:.0f} GiB are free on this GPU")
+
+def _check_int64_offsets(spec: OpSpec, small: Sample, repeats: int) -> None:
     with torch.no_grad():
         out = spec.call(_tiled(spec, small, repeats))
         ref = spec.call_reference(small)
