@@ -26,6 +26,12 @@ from pytest_fla.gpu_archs import shared_memory_limit as _limit_of
 # for the target, and never run.
 CAPTURING_LAUNCHES = False
 
+# Compile options every launch passes (``kernel[grid](..., **COMPILE_OPTIONS)``).
+# Multiply-add contraction (FMA) is stated rather than left to Triton's default: that
+# default is on through Triton 3.9 (which warns that 3.10 turns it off), and the kernels'
+# numerics and timings were measured with it on.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 
 def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import os
 
-# The first Triton whose interpreter computes bf16 tl.dot right.
-INTERPRETER_BF16_FROM = (3, 8)
-
 
 def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -27,29 +24,21 @@ def numeric_device():
     return torch.device("cpu")
 
 
-def triton_version() -> tuple[int, int]:
-    import triton
-
-    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-    return major, minor
-
-
 def dtype_skip_reason(dtype: str, device) -> str | None:
     """Why ``dtype`` is not checked on ``device`` (None when it is):
 
-    * bf16 on the CPU under a Triton older than 3.8, whose interpreter computes bf16
-      ``tl.dot`` wrongly (bf16 is checked on the GPU, and on the CPU from Triton 3.8);
+    * on the CPU, what Triton's interpreter cannot check (``pytest_fla.toolchain``: bf16
+      ``tl.dot``, measured wrong on every Triton from 3.6 to 3.9);
     * fp16 on the GPU: the CPU job checks it, and the GPU run spends its time on bf16
       and fp32.
     """
     import torch
 
     kind = torch.device(device).type
-    if kind == "cpu" and dtype == "bf16" and triton_version() < INTERPRETER_BF16_FROM:
-        import triton
+    if kind == "cpu":
+        from .toolchain import interpreter_skip_reason
 
-        return (f"Triton {triton.__version__}'s interpreter computes bf16 tl.dot wrongly; "
-                "bf16 is checked on the GPU")
+        return interpreter_skip_reason(dtype)
     if kind == "cuda" and dtype == "fp16":
         return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
     return None

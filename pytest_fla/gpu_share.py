@@ -89,8 +89,8 @@ def for_device(device) -> GpuShare:
 
 def alone_on(device):
     """This process alone on ``device``'s GPU (other workers' checks wait): for the checks
-    that need a large part of its memory (a 2**31-element batch, a B*H > 65535 batch with
-    its float64 reference)."""
+    that need a large part of its memory (a 2**31-element batch). Taking it waits for every
+    check in flight to end, which idles the rest of the GPU meanwhile: hold it only to run."""
     import torch
 
     return for_device(torch.device(device)).alone()

@@ -550,8 +550,8 @@ def tiny(case, B, T):
             continue
         if name == "H":
             new[name] = heads
-        elif name.startswith("H"):  # grouped heads: HV, HQ
-            new[name] = heads * max(size // dims["H"], 1)
+        elif name.startswith("H"):  # grouped heads (HV, HKV): the same ratio to H
+            new[name] = max(heads * size // dims["H"], 1)
         else:
             new[name] = min(size, 4)
     options = dict(case.options)

@@ -84,6 +84,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch, _validate
+from .._arch import COMPILE_OPTIONS
 from .._utils import cdiv, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
@@ -107,10 +108,10 @@ def _load_token(q, k, v, g, beta, tok, valid, i_h, i_hv, o_k, o_v, m_k, m_v,
     Split from their use so that the loop can issue the next token's loads before it
     computes the current one: the memory latency then hides behind a step's arithmetic.
     """
-    m_k = m_k & valid
+    m_k = tl.where(valid, m_k, False)
     b_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
     b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v & valid, other=0.0)
+    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=tl.where(valid, m_v, False), other=0.0)
     b_beta = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0)
     if GATE == 1:
         b_g = tl.load(g + tok * HV + i_hv, mask=valid, other=0.0)
@@ -277,6 +278,7 @@ def fused_recurrent_delta_bwd_kernel(
     o_kv = o_k[:, None] * V + o_v[None, :]
     # this program's scratch: C tiles [BK, BV], written and read back by the same program
     p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    whole_tile = tl.full([BK, BV], True, tl.int1)
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -313,8 +315,8 @@ def fused_recurrent_delta_bwd_kernel(
             b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
             nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
                                                 o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=m_v & (i > 0), other=0.0)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
+            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=tl.where(i > 0, m_v, False), other=0.0)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
             b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
             b_v = b_v.to(tl.float32)
             b_do = b_do.to(tl.float32)
@@ -490,7 +492,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state,
             SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     return o, ht, ckpt, C
 
@@ -522,7 +524,7 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
 
     dq = empty(q.shape, q.dtype, device)
@@ -535,7 +537,7 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
         fused_recurrent_delta_reduce_kernel[(n_blocks,)](
             q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
-            num_warps=4,
+            num_warps=4, **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dg, dbeta, dh0
 

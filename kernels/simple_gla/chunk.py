@@ -70,6 +70,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch
+from .._arch import COMPILE_OPTIONS
 from .._utils import block_size, cdiv, chunk_map, empty
 from ..gated_recurrent.fused_recurrent import recurrent_backward
 from .._sequence import first_state_slot, sequence_bounds, state_slots
@@ -407,7 +408,7 @@ def _launch_state_pass(x, y, g, g_gamma, states, s0, s_end, cu_seqlens, scale, T
         USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=x.dtype == torch.float32,
         USE_S0=s0 is not None,
         STORE_S_END=s_end is not None, IS_VARLEN=cu_seqlens is not None, REVERSE=reverse,
-        PRECISION=_precision(x.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"],
+        PRECISION=_precision(x.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
     )
 
 
@@ -438,7 +439,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
                 H=H, K=K, V=V, BT=CHUNK_SIZE, BK=c["BK"], BV=c["BV"],
                 USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
                 IS_VARLEN=cu_seqlens is not None,
-                PRECISION=_precision(q.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"],
+                PRECISION=_precision(q.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
             )
         ctx.save_for_backward(q, k, v, g, g_gamma, initial_state, states, cu_seqlens)
         ctx.scale, ctx.offsets_host, ctx.N = scale, offsets_host, N
@@ -476,7 +477,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
                 USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
                 STORE_DG=need_dg,
                 IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(q.dtype),
-                num_warps=c["num_warps"], num_stages=c["num_stages"],
+                num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
             )
         return dq, dk, dv, dg, None, None, dh0, None, None, None, None
 

@@ -27,16 +27,10 @@ HGRN_ARGS = {
     "x": Arg(("B", "T", "D")), "g": Arg(("B", "T", "D"), "log_gate"),
     "initial_state": Arg(("N", "D"), "state", optional=True),
 }
-ATTENTION_ARGS = {
-    "q": Arg(("B", "T", "HQ", "K")), "k": Arg(TOKENS_K), "v": Arg(("B", "T", "H", "V")),
-}
 
 SPECS = [
     op_spec("rwkv6", op=None, reference="reference.rwkv6", args=RWKV6_ARGS,
             cases=(Case("state", SMALL, options=WITH_STATE),), grads=RECURRENT_GRADS),
     op_spec("hgrn", op=None, reference="reference.hgrn", args=HGRN_ARGS,
             cases=(Case("state", {"B": 2, "T": 24, "D": 32}, options=WITH_STATE),), grads=RECURRENT_GRADS),
-    op_spec("attention", op=None, reference="reference.attention", args=ATTENTION_ARGS, outputs=("o",),
-            cases=(Case("causal_window_gqa", {**SMALL, "HQ": 4}, options={"causal": True, "window_size": 2}),
-                   Case("noncausal", {**SMALL, "HQ": 2}, options={"causal": False}))),
 ]
