@@ -538,12 +538,12 @@ def variants(spec):
     return out
 
 
-def tiny(case, B, T):
-    """``case`` at batch ``B``, length ``T``, at most 2 heads (grouped heads in the same
-    ratio) and every other size at most 4; a rotary ``dim`` option is clipped to the size.
-    Sizes a kernel reads as constants (a conv width ``W`` and its state ``S``) stay."""
+def tiny(case, B, T, max_heads=2):
+    """``case`` at batch ``B``, length ``T``, at most ``max_heads`` heads (grouped heads in
+    the same ratio) and every other size at most 4; a rotary ``dim`` option is clipped to
+    the size. Sizes a kernel reads as constants (a conv width ``W``, its state ``S``) stay."""
     dims = dict(case.dims)
-    heads = min(dims.get("H", 1), 2)
+    heads = min(dims.get("H", 1), max_heads)
     new = {"B": B, "T": T}
     for name, size in dims.items():
         if name in ("B", "T", "W", "S"):
@@ -564,12 +564,12 @@ def has_state(spec):
     return "initial_state" in spec.args
 
 
-def draw(spec, case, B=2, T=3, lengths=None, state=True, seed=0):
+def draw(spec, case, B=2, T=3, lengths=None, state=True, seed=0, max_heads=2):
     """Float64 keyword arguments for ``spec``'s reference at tiny sizes (``lengths``: packed)."""
     options = {k: v for k, v in case.options.items() if k not in STATE_OPTIONS}
     if has_state(spec):
         options.update(initial_state=state, output_final_state=True)
-    case = tiny(dataclasses.replace(case, options=options), B, T if lengths is None else sum(lengths))
+    case = tiny(dataclasses.replace(case, options=options), B, T if lengths is None else sum(lengths), max_heads)
     return spec.sample(case, "fp64", "cpu", seed=seed, lengths=lengths).kwargs
 
 
@@ -686,7 +686,7 @@ def test_gradcheck(spec, case, layout):
     """Analytic float64 gradients equal finite differences for every floating input,
     initial_state included."""
     B, T, lengths = GRADCHECK_LAYOUTS[layout]
-    kwargs = draw(spec, dataclasses.replace(case, dims={**case.dims, "H": 1}), B=B, T=T, lengths=lengths)
+    kwargs = draw(spec, case, B=B, T=T, lengths=lengths, max_heads=1)
     names = floating(kwargs)
 
     def fn(*tensors):
