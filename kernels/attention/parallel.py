@@ -41,8 +41,8 @@ axis 0. Token offsets are int64 (program ids are cast before any product), so pa
 inputs over 2**31 elements index correctly.
 
 Configs (block sizes, warps, stages) come from the target arch's shared memory
-(``kernels._arch``), see ``attention_configs``; head dims up to 256, where the target's
-budget holds the tiles (a ``NotImplementedError`` before any launch where it does not).
+(``kernels._arch``), see ``CONFIGS``: head dims up to 256 on sm80 and newer; older targets
+get a ``NotImplementedError`` before any launch.
 """
 
 from __future__ import annotations
@@ -411,60 +411,56 @@ class AttentionConfigs:
 
 def attention_configs(D: int, DV: int, dtype) -> AttentionConfigs:
     """Per-kernel blocks for head dims ``D``, ``DV`` and the input dtype, from the target
-    arch's shared memory. Raises ``NotImplementedError`` where no config fits."""
+    arch's shared memory (``CONFIGS``). Raises ``NotImplementedError`` on targets older than
+    sm80 (64 KB of shared memory and no bf16 tensor cores: float32 tiles at D = 256 do not
+    fit even at 16 x 16, and the other families stop there too)."""
+    _arch.require_arch("parallel_attn", 80, "sm75's 64 KB of shared memory does not hold the attention tiles at "
+                       "every head dim, and it has no bf16 tensor cores")
     smem = _arch.shared_memory_limit()
-    BD, BDV = block_size(D), block_size(DV)
-    wide = max(BD, BDV)
-    es = 4 if dtype == torch.float32 else 2
-    cfg = _pick(smem, wide, es)
-    if cfg is None:
-        raise NotImplementedError(
-            f"parallel_attn: head dims D = {D}, DV = {DV} with {str(dtype).replace('torch.', '')} inputs do not fit "
-            f"sm{_arch.target_arch()}'s {smem} bytes of shared memory per block")
-    return cfg
+    width = 64 if max(D, DV) <= 64 else 128 if max(D, DV) <= 128 else 256
+    for least, fwd, dkdv, dq in CONFIGS[(4 if dtype == torch.float32 else 2, width)]:
+        if smem >= least:
+            return AttentionConfigs(Blocks(*fwd), Blocks(*dkdv), Blocks(*dq))
+    raise NotImplementedError(f"parallel_attn: no config for head dims D = {D}, DV = {DV} within "
+                              f"sm{_arch.target_arch()}'s {smem} bytes of shared memory")
 
 
-# (largest padded head dim, bytes per element) -> configs, in order of preference per budget:
-# the first whose shared memory (by offline compile, see tests) fits the target is taken.
-def _pick(smem: int, wide: int, es: int) -> AttentionConfigs | None:
-    big = smem >= 200 * 1024   # sm90, sm100
-    mid = smem >= 160 * 1024   # sm80
-    small = smem >= 96 * 1024  # sm86, sm89, sm120
-    if es == 2:
-        if wide <= 64:
-            if mid:
-                return AttentionConfigs(Blocks(128, 64, 4, 3), Blocks(32, 128, 4, 3), Blocks(128, 32, 4, 3))
-            return AttentionConfigs(Blocks(128, 64, 4, 2), Blocks(32, 64, 4, 2), Blocks(64, 32, 4, 2))
-        if wide <= 128:
-            if big:
-                return AttentionConfigs(Blocks(128, 64, 8, 3), Blocks(32, 128, 8, 3), Blocks(128, 32, 8, 3))
-            if mid:
-                return AttentionConfigs(Blocks(128, 64, 8, 2), Blocks(32, 128, 8, 2), Blocks(64, 32, 4, 2))
-            if small:
-                return AttentionConfigs(Blocks(64, 64, 4, 2), Blocks(32, 64, 4, 2), Blocks(64, 32, 4, 2))
-            return AttentionConfigs(Blocks(64, 32, 4, 1), Blocks(16, 32, 4, 1), Blocks(32, 16, 4, 1))
-        if big:
-            return AttentionConfigs(Blocks(128, 64, 8, 2), Blocks(32, 64, 8, 2), Blocks(64, 32, 8, 2))
-        if mid:
-            return AttentionConfigs(Blocks(64, 64, 8, 2), Blocks(32, 64, 8, 1), Blocks(64, 32, 8, 1))
-        if small:
-            return AttentionConfigs(Blocks(64, 32, 4, 1), Blocks(16, 32, 4, 1), Blocks(32, 16, 4, 1))
-        return None
-    if wide <= 64:
-        if mid:
-            return AttentionConfigs(Blocks(64, 64, 4, 2), Blocks(32, 64, 4, 2), Blocks(64, 32, 4, 2))
-        return AttentionConfigs(Blocks(64, 32, 4, 1), Blocks(16, 32, 4, 1), Blocks(32, 16, 4, 1))
-    if wide <= 128:
-        if mid:
-            return AttentionConfigs(Blocks(64, 64, 8, 2), Blocks(32, 64, 8, 2), Blocks(64, 32, 8, 2))
-        if small:
-            return AttentionConfigs(Blocks(64, 32, 4, 1), Blocks(16, 32, 4, 1), Blocks(32, 16, 4, 1))
-        return None
-    if big:
-        return AttentionConfigs(Blocks(64, 32, 8, 2), Blocks(16, 32, 8, 1), Blocks(32, 16, 8, 1))
-    if mid:
-        return AttentionConfigs(Blocks(64, 32, 8, 1), Blocks(16, 32, 8, 1), Blocks(32, 16, 8, 1))
-    return None
+KB = 1024
+# (bytes per element, head dim up to) -> [(least shared memory, forward, dk/dv, dq)], the
+# largest budget first; blocks are (BM, BN, num_warps, num_stages). BN divides BM in the
+# forward and dq, BM divides BN in dk/dv (the segment arithmetic relies on it). Budgets:
+# sm90/sm100 227 KB, sm80 163 KB, sm86/89/120 99 KB; every entry compiles within its
+# arch's limit (tests/test_compile.py --fla-arch=all; the largest, by offline compile:
+# sm90 bf16 D=128 forward ~160 KB, fp32 D=256 forward 196608 bytes, sm86 fp32 D=256 dk/dv
+# 98304 bytes).
+CONFIGS = {
+    (2, 64): [
+        (160 * KB, (128, 64, 4, 3), (32, 128, 4, 3), (128, 32, 4, 3)),
+        (0, (128, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
+    ],
+    (2, 128): [
+        (200 * KB, (128, 64, 8, 3), (32, 128, 8, 3), (128, 32, 8, 3)),
+        (160 * KB, (128, 64, 8, 2), (32, 128, 8, 2), (64, 32, 4, 2)),
+        (0, (128, 64, 4, 2), (32, 128, 4, 2), (128, 32, 4, 2)),
+    ],
+    (2, 256): [
+        (200 * KB, (128, 64, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
+        (160 * KB, (64, 64, 8, 2), (32, 64, 8, 1), (64, 32, 8, 1)),
+        (0, (64, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+    ],
+    (4, 64): [
+        (160 * KB, (64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
+        (0, (64, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+    ],
+    (4, 128): [
+        (160 * KB, (64, 64, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)),
+        (0, (64, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+    ],
+    (4, 256): [
+        (160 * KB, (64, 32, 8, 1), (16, 32, 8, 1), (32, 16, 8, 1)),
+        (0, (32, 16, 4, 1), (16, 16, 4, 1), (16, 16, 4, 1)),
+    ],
+}
 
 
 def _blocks_grid(B: int, T: int, offsets_host, block: int, device):
