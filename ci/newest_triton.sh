@@ -26,11 +26,12 @@ OPS=chunk_gated_delta_rule,fused_recurrent_gated_delta_rule,chunk_gla,chunk_simp
 FLA_VENV=$VENV FLA_TRITON=$TRITON bash ci/setup.sh
 
 run() {  # pytest, where exit 5 (no test selected) fails too: the subset must name real tests
-  local rc=0
+  local rc=0 start=$SECONDS
   "$VENV/bin/python" -m pytest -q -p no:randomly "$@" || rc=$?
   if [ "$rc" -eq 5 ]; then
     echo "newest_triton.sh: no test selected by: $*" >&2
   fi
+  echo "(exit $rc after $((SECONDS - start)) s)"
   return "$rc"
 }
 

@@ -243,6 +243,72 @@ def fused_recurrent_delta_fwd_kernel(
 
 
 @triton.jit
+def _replay_chunk(q, k, v, g, beta, S, p_scratch, start, chunk_len, scale, i_h, i_hv, o_k, o_v, m_k, m_v,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr):
+    """Replay a chunk (tokens ``start ..``) forward from its checkpoint ``S`` with the
+    forward's arithmetic, storing every S_{t-1} in the program's scratch tiles."""
+    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, start, True, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                        H, HV, K, V, GATE)
+    for i in range(0, chunk_len):
+        b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, start + i + 1, i + 1 < chunk_len, i_h, i_hv,
+                                            o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+        tl.store(p_scratch + i * BK * BV, S)
+        b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
+        S, _ = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
+
+
+@triton.jit
+def _reverse_chunk(q, k, v, g, beta, do, dS, p_scratch, dq_part, dk_part, dv, dbeta_part, dg_part,
+                   start, chunk_len, scale, NTOK, i_v, i_h, i_hv, o_k, o_v, m_k, m_v,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr):
+    """Walk a replayed chunk backwards from dS (the gradient of its last state): stores each
+    token's dv and partial dq, dk, dbeta, dg; returns dS of the state before the chunk.
+    Each iteration loads the previous token's inputs and state."""
+    whole_tile = tl.full([BK, BV], True, tl.int1)
+    tok = start + chunk_len - 1
+    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok, True, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                        H, HV, K, V, GATE)
+    ndo = tl.load(do + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+    nS = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
+    for i_rev in range(0, chunk_len):
+        i = chunk_len - 1 - i_rev
+        tok = start + i
+        b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
+                                            o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+        ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=tl.where(i > 0, m_v, False), other=0.0)
+        nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
+        b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
+        b_v = b_v.to(tl.float32)
+        b_do = b_do.to(tl.float32)
+        b_beta = b_beta.to(tl.float32)
+        Sp = _decay(S, b_d, GATE)  # S'_t = D_t S_{t-1}
+        b_r = b_v - tl.sum(Sp * b_k[:, None], 0)
+        b_u = b_beta * b_r
+        # dq~_t = S_t do_t with S_t = S' + k u^T
+        b_dq = tl.sum(Sp * b_do[None, :], 1) + b_k * tl.sum(b_u * b_do, 0)
+        dS += b_q[:, None] * b_do[None, :]
+        b_du = tl.sum(dS * b_k[:, None], 0)
+        b_dp = -b_beta * b_du
+        b_dk = tl.sum(dS * b_u[None, :] + Sp * b_dp[None, :], 1)
+        dS += b_k[:, None] * b_dp[None, :]  # dS'
+        p_part = (i_v * NTOK + tok) * HV + i_hv
+        tl.store(dq_part + p_part * K + o_k, b_dq * scale, mask=m_k)
+        tl.store(dk_part + p_part * K + o_k, b_dk, mask=m_k)
+        tl.store(dbeta_part + p_part, tl.sum(b_du * b_r, 0))
+        tl.store(dv + (tok * HV + i_hv) * V + o_v, (b_beta * b_du).to(dv.dtype.element_ty), mask=m_v)
+        if GATE == 1:
+            tl.store(dg_part + p_part, tl.sum(tl.sum(dS * Sp, 1), 0))
+        elif GATE == 2:
+            tl.store(dg_part + p_part * K + o_k, tl.sum(dS * Sp, 1), mask=m_k)
+        dS = _decay(dS, b_d, GATE)  # dS_{t-1} = D_t dS'
+    return dS
+
+
+@triton.jit
 def fused_recurrent_delta_bwd_kernel(
     q, k, v, g, beta, do, dht, ckpt, scratch, cu_seqlens,
     dq_part, dk_part, dv, dbeta_part, dg_part, dh0,
@@ -278,7 +344,6 @@ def fused_recurrent_delta_bwd_kernel(
     o_kv = o_k[:, None] * V + o_v[None, :]
     # this program's scratch: C tiles [BK, BV], written and read back by the same program
     p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
-    whole_tile = tl.full([BK, BV], True, tl.int1)
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -291,56 +356,12 @@ def fused_recurrent_delta_bwd_kernel(
         chunk_len = tl.minimum(seq_len - t0, C)
         slot = first_slot + c
         S = tl.load(ckpt + (slot * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
-        # replay the chunk forward with the forward's arithmetic, keeping every S_{t-1}
-        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos + t0, True, i_h, i_hv, o_k, o_v, m_k, m_v,
-                                            H, HV, K, V, GATE)
-        for i in range(0, chunk_len):
-            tok = bos + t0 + i
-            b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
-            nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok + 1, i + 1 < chunk_len, i_h, i_hv,
-                                                o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            tl.store(p_scratch + i * BK * BV, S)
-            b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
-            S, _ = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
+        _replay_chunk(q, k, v, g, beta, S, p_scratch, bos + t0, chunk_len, scale, i_h, i_hv, o_k, o_v, m_k, m_v,
+                      H, HV, K, V, BK, BV, GATE, L2NORM)
         tl.debug_barrier()
-        # walk the chunk backwards; each iteration loads the previous token's inputs and state
-        tok = bos + t0 + chunk_len - 1
-        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok, True, i_h, i_hv, o_k, o_v, m_k, m_v,
-                                            H, HV, K, V, GATE)
-        ndo = tl.load(do + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
-        nS = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
-        for i_rev in range(0, chunk_len):
-            i = chunk_len - 1 - i_rev
-            tok = bos + t0 + i
-            b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
-            nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
-                                                o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=tl.where(i > 0, m_v, False), other=0.0)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
-            b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
-            b_v = b_v.to(tl.float32)
-            b_do = b_do.to(tl.float32)
-            b_beta = b_beta.to(tl.float32)
-            Sp = _decay(S, b_d, GATE)  # S'_t = D_t S_{t-1}
-            b_r = b_v - tl.sum(Sp * b_k[:, None], 0)
-            b_u = b_beta * b_r
-            # dq~_t = S_t do_t with S_t = S' + k u^T
-            b_dq = tl.sum(Sp * b_do[None, :], 1) + b_k * tl.sum(b_u * b_do, 0)
-            dS += b_q[:, None] * b_do[None, :]
-            b_du = tl.sum(dS * b_k[:, None], 0)
-            b_dp = -b_beta * b_du
-            b_dk = tl.sum(dS * b_u[None, :] + Sp * b_dp[None, :], 1)
-            dS += b_k[:, None] * b_dp[None, :]  # dS'
-            p_part = (i_v * NTOK + tok) * HV + i_hv
-            tl.store(dq_part + p_part * K + o_k, b_dq * scale, mask=m_k)
-            tl.store(dk_part + p_part * K + o_k, b_dk, mask=m_k)
-            tl.store(dbeta_part + p_part, tl.sum(b_du * b_r, 0))
-            tl.store(dv + (tok * HV + i_hv) * V + o_v, (b_beta * b_du).to(dv.dtype.element_ty), mask=m_v)
-            if GATE == 1:
-                tl.store(dg_part + p_part, tl.sum(tl.sum(dS * Sp, 1), 0))
-            elif GATE == 2:
-                tl.store(dg_part + p_part * K + o_k, tl.sum(dS * Sp, 1), mask=m_k)
-            dS = _decay(dS, b_d, GATE)  # dS_{t-1} = D_t dS'
+        dS = _reverse_chunk(q, k, v, g, beta, do, dS, p_scratch, dq_part, dk_part, dv, dbeta_part, dg_part,
+                            bos + t0, chunk_len, scale, NTOK, i_v, i_h, i_hv, o_k, o_v, m_k, m_v,
+                            H, HV, K, V, BK, BV, GATE, L2NORM)
         tl.debug_barrier()  # the next chunk overwrites the scratch tiles read above
 
     if STORE_DH0:

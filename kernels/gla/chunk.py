@@ -369,6 +369,51 @@ def _states_dv_bwd(
 
 
 @triton.jit
+def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
+                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """A chunk's contractions over V for key block ``k0``: dA = do v^T, do h^T, v dh^T,
+    and the row sums of h * dh."""
+    d_a = tl.zeros([BT, BT], dtype=tl.float32)
+    dq_inter = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_inter = tl.zeros([BT, BK], dtype=tl.float32)
+    h_dh = tl.zeros([BK], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        b_do = _load_rows(do, nrows, H * V, v0, V, BT, BV).to(DOT)
+        b_v = _load_rows(v, nrows, H * V, v0, V, BT, BV).to(DOT)
+        p_h, m_h = _state_tile(h_chunks, i_state, K, V, k0, v0, BK, BV)
+        b_h = tl.load(p_h, mask=m_h, other=0.0)
+        p_dh, m_dh = _state_tile(dh_chunks, i_state, K, V, k0, v0, BK, BV)
+        b_dh = tl.load(p_dh, mask=m_dh, other=0.0)
+        d_a = tl.dot(b_do, tl.trans(b_v), d_a, input_precision=PREC)
+        dq_inter = tl.dot(b_do, tl.trans(b_h.to(DOT)), dq_inter, input_precision=PREC)
+        dk_inter = tl.dot(b_v, tl.trans(b_dh.to(DOT)), dk_inter, input_precision=PREC)
+        h_dh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    return d_a, dq_inter, dk_inter, h_dh
+
+
+@triton.jit
+def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
+                     DOT: tl.constexpr, PREC: tl.constexpr):
+    """dq, dk of the pairs i > j within a chunk, level by level as in the forward; also
+    returns the level sums L = G and R = G_L - G."""
+    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    L = b_g
+    R = tl.zeros([BT, BK], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        right = right_half(level, BT)
+        factor = tl.exp(tl.where(right, L, R))
+        d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
+        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
+        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        L, R = next_level_sums(L, R, right, level, BT, BK)
+    return dq_intra, dk_intra, L, R
+
+
+@triton.jit
 def _qkg_bwd(
     q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
@@ -390,22 +435,8 @@ def _qkg_bwd(
     rows = tl.arange(0, BT)[:, None]
     cols = tl.arange(0, BT)[None, :]
 
-    # Contractions over V: dA = do v^T, do h^T, v dh^T.
-    d_a = tl.zeros([BT, BT], dtype=tl.float32)
-    dq_inter = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_inter = tl.zeros([BT, BK], dtype=tl.float32)
-    h_dh = tl.zeros([BK], dtype=tl.float32)
-    for v0 in range(0, V, BV):
-        b_do = _load_rows(do, nrows, H * V, v0, V, BT, BV).to(DOT)
-        b_v = _load_rows(v, nrows, H * V, v0, V, BT, BV).to(DOT)
-        p_h, m_h = _state_tile(h_chunks, i_state, K, V, k0, v0, BK, BV)
-        b_h = tl.load(p_h, mask=m_h, other=0.0)
-        p_dh, m_dh = _state_tile(dh_chunks, i_state, K, V, k0, v0, BK, BV)
-        b_dh = tl.load(p_dh, mask=m_dh, other=0.0)
-        d_a = tl.dot(b_do, tl.trans(b_v), d_a, input_precision=PREC)
-        dq_inter = tl.dot(b_do, tl.trans(b_h.to(DOT)), dq_inter, input_precision=PREC)
-        dk_inter = tl.dot(b_v, tl.trans(b_dh.to(DOT)), dk_inter, input_precision=PREC)
-        h_dh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    d_a, dq_inter, dk_inter, h_dh = _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
+                                                        H, K, V, BT, BK, BV, DOT, PREC)
     d_a = d_a * scale
     d_a_self = tl.sum(tl.where(rows == cols, d_a, 0.0), axis=1)
 
@@ -413,22 +444,9 @@ def _qkg_bwd(
     b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
     b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
 
-    # Pairs i > j, level by level, as in the forward. The i = j terms (dA_ii k_i in dq_i,
-    # dA_ii q_i in dk_i) are added last: they cancel exactly in q dq - k dk, and summing
-    # them first would leave their rounding error in dg.
-    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    L = b_g
-    R = tl.zeros([BT, BK], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
-        right = right_half(level, BT)
-        factor = tl.exp(tl.where(right, L, R))
-        d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
-        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
-        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        L, R = next_level_sums(L, R, right, level, BT, BK)
+    # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
+    # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
+    dq_intra, dk_intra, L, R = _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC)
     # L = G, R = G_L - G (see the forward).
     b_dq = dq_inter * tl.exp(L) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)

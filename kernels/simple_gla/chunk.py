@@ -284,6 +284,39 @@ def _chunk_gate_grad(qb, kb, dA_raw, dq_inter_raw, dk_inter_raw, hdh, b, b_last,
 
 
 @triton.jit
+def _value_blocks_bwd(v, do, states, dstates, dv, AT, k_dec, t, m_t, o_k, m_k, i_h, state_base,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, STORE_DG: tl.constexpr, PRECISION: tl.constexpr):
+    """A chunk's walk over value blocks: stores dv = A^T do + (decayed k) dH_{c+1}; returns
+    dA = do v^T, do H_c^T, v dH_{c+1}^T (undecayed) and, with STORE_DG, the row sums of
+    H_c * dH_{c+1} (``<H_c, dH_{c+1}>`` once summed over K)."""
+    hdh = tl.zeros([BK], dtype=tl.float32)
+    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m_t[:, None] & m_v[None, :]
+        m_kv = m_k[:, None] & m_v[None, :]
+        tv_offs = (t[:, None] * H + i_h) * V + o_v[None, :]
+        kv_offs = state_base + o_k[:, None] * V + o_v[None, :]
+        vb = tl.load(v + tv_offs, mask=m_tv, other=0.0)
+        dob = tl.load(do + tv_offs, mask=m_tv, other=0.0)
+        hb = tl.load(states + kv_offs, mask=m_kv, other=0.0)
+        dhb = tl.load(dstates + kv_offs, mask=m_kv, other=0.0)
+        if STORE_DG:
+            hdh += tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1)
+        dA = tl.dot(dob, tl.trans(vb), dA, input_precision=PRECISION)
+        dq_acc = tl.dot(dob, tl.trans(hb), dq_acc, input_precision=PRECISION)
+        dk_acc = tl.dot(vb, tl.trans(dhb), dk_acc, input_precision=PRECISION)
+        dvb = tl.dot(AT, dob, input_precision=PRECISION)
+        dvb = tl.dot(k_dec, dhb, dvb, input_precision=PRECISION)
+        tl.store(dv + tv_offs, dvb.to(dv.dtype.element_ty), mask=m_tv)
+    return dA, dq_acc, dk_acc, hdh
+
+
+@triton.jit
 def chunk_grad_kernel(
     q, k, v, g, g_gamma, states, dstates, do, dq, dk, dv, dg, chunk_table, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -325,29 +358,8 @@ def chunk_grad_kernel(
         k_dec = kb
     AT = AT.to(kb.dtype)
 
-    hdh = tl.zeros([BK], dtype=tl.float32)  # <H_c, dH_{c+1}>, summed over K at the end
-    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    dA = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_tv = m_t[:, None] & m_v[None, :]
-        m_kv = m_k[:, None] & m_v[None, :]
-        tv_offs = (t[:, None] * H + i_h) * V + o_v[None, :]
-        kv_offs = state_base + o_k[:, None] * V + o_v[None, :]
-        vb = tl.load(v + tv_offs, mask=m_tv, other=0.0)
-        dob = tl.load(do + tv_offs, mask=m_tv, other=0.0)
-        hb = tl.load(states + kv_offs, mask=m_kv, other=0.0)
-        dhb = tl.load(dstates + kv_offs, mask=m_kv, other=0.0)
-        if STORE_DG:
-            hdh += tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1)
-        dA = tl.dot(dob, tl.trans(vb), dA, input_precision=PRECISION)
-        dq_acc = tl.dot(dob, tl.trans(hb), dq_acc, input_precision=PRECISION)
-        dk_acc = tl.dot(vb, tl.trans(dhb), dk_acc, input_precision=PRECISION)
-        dvb = tl.dot(AT, dob, input_precision=PRECISION)
-        dvb = tl.dot(k_dec, dhb, dvb, input_precision=PRECISION)
-        tl.store(dv + tv_offs, dvb.to(dv.dtype.element_ty), mask=m_tv)
+    dA, dq_acc, dk_acc, hdh = _value_blocks_bwd(v, do, states, dstates, dv, AT, k_dec, t, m_t, o_k, m_k, i_h,
+                                                state_base, H, K, V, BT, BK, BV, STORE_DG, PRECISION)
 
     causal = o_t[:, None] >= o_t[None, :]
     if STORE_DG:
