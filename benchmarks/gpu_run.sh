@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session's work, in parts that each fit one 10-minute device command:
-#   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU)
+#   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU, interleaved
+#                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine)
 #   bash benchmarks/gpu_run.sh sweep      # chunk_gla / chunk_gated_delta_rule forward per config (config_sweep.py)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
 #   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
@@ -28,10 +29,17 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/n
 case "$part" in
   bench)
     # The peer autotunes tens of configs per kernel on first call: compile everything in
-    # parallel first (--warm), then time one op at a time on the idle GPU.
-    timeout "${FLA_BENCH_TIMEOUT:-560}" python3 benchmarks/bench.py --warm "${FLA_WARM_JOBS:-16}" --out "$LOGS/bench" "$@" > "$LOGS/bench.log" 2>&1
+    # parallel first (--warm), then time one op at a time on the idle GPU, in interleaved
+    # rounds. The results live outside $OUT so that a call cut by its limit can be finished
+    # by a second call on the same (still warm) machine: FLA_BENCH_RESUME=1 times only the
+    # ops missing from them.
+    keep=/tmp/fla-bench; mkdir -p "$keep"
+    [ "${FLA_BENCH_RESUME:-0}" = 1 ] && resume=--resume || { resume=; rm -f "$keep"/bench.*; }
+    timeout -s INT -k 20 "${FLA_BENCH_TIMEOUT:-560}" python3 benchmarks/bench.py --warm "${FLA_WARM_JOBS:-16}" \
+      --rounds "${FLA_BENCH_ROUNDS:-5}" $resume --out "$keep/bench" "$@" > "$LOGS/bench.log" 2>&1
     echo "bench exit $?" >> "$LOGS/bench.log"
-    echo "== bench:"; grep -E "^warm-up|Error" "$LOGS/bench.log" | sort | uniq -c | head; tail -n 1 "$LOGS/bench.log"
+    cp "$keep"/bench.json "$keep"/bench.md "$LOGS/" 2>/dev/null
+    echo "== bench:"; grep -E "^warm-up|^copy bandwidth|Error" "$LOGS/bench.log" | sort | uniq -c | head; tail -n 1 "$LOGS/bench.log"
     cat "$LOGS/bench.md" 2>/dev/null
     ;;
   sweep)

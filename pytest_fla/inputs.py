@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -32,14 +34,21 @@ class Arg:
     kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
     ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per
     head, ``log(1 - 2^(-5-h))`` scaled by the distribution), ``beta`` (``sigmoid(randn)``),
-    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn).
+    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn),
+    ``rwkv_decay`` (RWKV-7's log decay ``-e^{-1/2} sigmoid(randn)``, scaled like ``head_gate``).
     ``optional`` arguments are drawn only when the case's options switch them on.
+    ``times`` couples an argument to another: the drawn values are multiplied elementwise
+    by those of the named argument (declared earlier, same shape), then by ``scale``;
+    e.g. RWKV-7's ``a = -kk``, ``b = kk * sigmoid(randn)`` is ``Arg(.., "unit", scale=-1)``
+    and ``Arg(.., "beta", times="a", scale=-1)``.
     """
 
     layout: tuple[str, ...]
     kind: str = "normal"
     optional: bool = False
     float32: bool = False  # drawn in float32 whatever the sample's dtype
+    times: str | None = None
+    scale: float = 1.0
 
 
 def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
@@ -60,6 +69,8 @@ def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
         return torch.sigmoid(x)
     if kind == "positive":
         return 1.0 + 0.1 * x
+    if kind == "rwkv_decay":
+        return -math.exp(-0.5) * torch.sigmoid(x) * (8.0 / GATE_NORMALIZER[dist])
     raise ValueError(f"unknown argument kind {kind!r}")
 
 
@@ -93,11 +104,17 @@ def make_factory(args: Mapping[str, Arg], extra: Callable[[Case, dict], dict] | 
     def factory(case: Case, dtype, device, gen, lengths) -> Sample:
         dims = resolve_dims(case, lengths)
         kwargs: dict = {}
+        drawn: dict = {}  # float64 values, for the arguments coupled to them (``times``)
         for name, arg in args.items():
             if arg.optional and not case.options.get(name, False):
                 continue
             shape = tuple(dims[d] for d in arg.layout)
             values = draw(arg.kind, shape, gen, case.dist)
+            if arg.times is not None:
+                values = values * drawn[arg.times]
+            if arg.scale != 1.0:
+                values = values * arg.scale
+            drawn[name] = values
             target = torch.float32 if (arg.float32 or arg.kind == "state") else dtype
             kwargs[name] = values.to(target).to(device)
         for key, value in case.options.items():

@@ -8,6 +8,7 @@ final_state None unless output_final_state=True.
 from .attention import attention
 from .conv import causal_conv1d
 from .delta import dplr_delta_rule, delta_rule, gated_delta_rule, kda, rwkv7
+from .layers import gated_delta_net
 from .linear import gla, hgrn, linear_attn, retention, rwkv6, simple_gla
 from .norm import l2norm, rms_norm, rms_norm_gated
 from .rotary import rotary_embedding
@@ -17,6 +18,7 @@ __all__ = [
     "causal_conv1d",
     "delta_rule",
     "dplr_delta_rule",
+    "gated_delta_net",
     "gated_delta_rule",
     "gla",
     "hgrn",

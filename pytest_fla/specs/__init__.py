@@ -13,6 +13,8 @@ FAMILY_MODULES = (
     "modules",
     "delta_rule",
     "delta_rule_recurrent",
+    "dplr",
+    "layers",
 )
 
 
