@@ -162,8 +162,9 @@ class LaunchOp:
     """A public op's launches: call it like the forward's positional parameters (plus
     ``offsets=`` from validation); returns the forward's outputs (None where absent)."""
 
-    def __init__(self, name: str, forward, backward, outputs: int, fixed: dict):
+    def __init__(self, name: str, forward, backward, outputs: int, fixed: dict, check_values=None):
         self.name = name
+        self.check_values = check_values
         self.n_outputs = outputs
         self.forward = forward
         self.backward = backward
@@ -186,21 +187,37 @@ class LaunchOp:
             types.append(_SCHEMA_TYPES[hint])
         self.tensor_names = tuple(n for n, t in zip(self.arg_names, types) if t.startswith("Tensor"))
         self._tensor_index = tuple(self.arg_names.index(n) for n in self.tensor_names)
-        self.varlen = "cu_seqlens" in self.arg_names
-        args = ", ".join(f"{t} {n}" for t, n in zip(types, self.arg_names))
-        self.forward_op = torch.library.custom_op(
-            f"{NAMESPACE}::{name}", self._forward_impl, mutates_args=(),
-            schema=f"({args}, bool keep) -> Tensor[]",
+        self._schema = ", ".join(f"{t} {n}" for t, n in zip(types, self.arg_names))
+        self.forward_op, self.backward_op = self._define(name, ())
+        # Packed sequences: the real implementation reads the offsets on the host (their
+        # check, chunk tables), which a CUDA graph would freeze at capture, so graphs
+        # holding these twins are not captured (inductor skips or splits them).
+        self.varlen_ops = None
+        if "cu_seqlens" in self.arg_names:
+            self.varlen_ops = self._define(f"{name}_varlen", (torch.Tag.cudagraph_unsafe,))
+
+    def _define(self, name: str, tags):
+        """The forward and backward custom ops (the backward None without a backward)."""
+        forward = torch.library.custom_op(
+            f"{NAMESPACE}::{name}", self._forward_impl, mutates_args=(), tags=tags,
+            schema=f"({self._schema}, bool keep) -> Tensor[]",
         )
-        self.forward_op.register_fake(self._forward_fake)
-        self.backward_op = None
-        if backward is not None:
-            self.backward_op = torch.library.custom_op(
-                f"{NAMESPACE}::{name}_backward", self._backward_impl, mutates_args=(),
-                schema=f"(Tensor?[] grads, Tensor?[] saved, {args}, bool[] needs_grad) -> Tensor[]",
-            )
-            self.backward_op.register_fake(self._backward_fake)
-            self.forward_op.register_autograd(self._autograd_backward, setup_context=self._setup_context)
+        forward.register_fake(self._forward_fake)
+        if self.backward is None:
+            return forward, None
+        backward = torch.library.custom_op(
+            f"{NAMESPACE}::{name}_backward", self._backward_impl, mutates_args=(), tags=tags,
+            schema=f"(Tensor?[] grads, Tensor?[] saved, {self._schema}, bool[] needs_grad) -> Tensor[]",
+        )
+        backward.register_fake(self._backward_fake)
+        forward.register_autograd(self._autograd_backward, setup_context=self._setup_context)
+        return forward, backward
+
+    def custom_ops(self, args) -> tuple:
+        """(forward op, backward op) that a call with ``args`` goes through under torch.compile."""
+        if self.varlen_ops is not None and args[self.arg_names.index("cu_seqlens")] is not None:
+            return self.varlen_ops
+        return self.forward_op, self.backward_op
 
     # -- calling it
 
@@ -211,7 +228,7 @@ class LaunchOp:
         keep = self.backward is not None and torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in tensors)
         if torch.compiler.is_compiling():
-            flat = self.forward_op(*args, keep)
+            flat = self.custom_ops(args)[0](*args, keep)
             return _from_list(flat[: self.n_outputs])
         if not keep:
             outputs, _ = self._run_forward(args, False, offsets)
@@ -263,7 +280,10 @@ class LaunchOp:
 
     def _forward_impl(self, *args):
         *args, keep = args
-        outputs, saved = self._run_forward(args, keep, self._host_offsets(args))
+        offsets = self._host_offsets(args)
+        if self.check_values is not None:
+            self.check_values(*args, offsets=offsets)
+        outputs, saved = self._run_forward(args, keep, offsets)
         return _to_list(outputs + saved, self._device(args), args)
 
     def _forward_fake(self, *args):
@@ -292,7 +312,7 @@ class LaunchOp:
         args, saved = _restore(ctx, self)
         grads = [g if present else None for g, present in zip(grads, ctx.outputs_present)]
         needs_grad = [bool(ctx.needs_input_grad[i]) for i in self._tensor_index]
-        flat = self.backward_op(grads, list(saved), *args, needs_grad)
+        flat = self.custom_ops(args)[1](grads, list(saved), *args, needs_grad)
         return (*self._per_argument(_from_list(flat)), None)
 
     def _per_argument(self, tensor_grads) -> list:
@@ -342,10 +362,13 @@ class _EagerFunction(torch.autograd.Function):
 OPS: dict[str, LaunchOp] = {}
 
 
-def register(name: str, forward, backward=None, *, outputs: int = 2, **fixed) -> LaunchOp:
-    """Register public op ``name`` as ``torch.ops.fla.<name>`` (and ``<name>_backward``);
-    ``outputs`` is the number of the forward's outputs (before its saved tensors);
-    ``fixed`` gives the forward's and backward's constant keyword-only parameters."""
-    op = LaunchOp(name, forward, backward, outputs, fixed)
+def register(name: str, forward, backward=None, *, outputs: int = 2, check_values=None, **fixed) -> LaunchOp:
+    """Register public op ``name`` as ``torch.ops.fla.<name>`` (and ``<name>_backward``).
+
+    ``outputs``: the number of the forward's outputs (before its saved tensors).
+    ``check_values(*args, offsets=...)``: checks of tensor values beyond ``cu_seqlens``
+    that the wrapper makes in eager mode but cannot trace; run by the real implementation
+    under ``torch.compile``. ``fixed``: the constant keyword-only parameters."""
+    op = LaunchOp(name, forward, backward, outputs, fixed, check_values)
     OPS[name] = op
     return op

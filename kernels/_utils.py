@@ -29,6 +29,11 @@ def is_fake(t) -> bool:
     return isinstance(t, FakeTensor)
 
 
+def contiguous(*tensors):
+    """Each tensor contiguous (a copy only where it is not); None stays None."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

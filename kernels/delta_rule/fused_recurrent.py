@@ -86,7 +86,7 @@ import triton.language as tl
 
 from .. import _arch, _validate
 from .. import _library as library
-from .._utils import cdiv, empty, is_fake
+from .._utils import cdiv, contiguous, empty, is_fake
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
@@ -485,9 +485,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
              cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, l2norm: bool,
              *, gate, keep, offsets):
     """The forward launch; returns ``((o, final state or None), (checkpoints or None,))``."""
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    g = g.contiguous() if g is not None else None
-    initial_state = initial_state.contiguous() if initial_state is not None else None
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
     save_checkpoints = keep
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -514,15 +512,10 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
 
 
 def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
-              output_final_state, l2norm, *, gate, needs_grad):
+              output_final_state, l2norm, *, gate):
     """The backward launches: gradients of the tensor arguments."""
-    do, dht = grads
     (ckpt,) = saved
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    g = g.contiguous() if g is not None else None
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    do = do.contiguous()
-    dht = dht.contiguous() if dht is not None else None
+    q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
