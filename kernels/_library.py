@@ -29,11 +29,11 @@ What ``register`` builds from that:
 * An eager path: outside ``torch.compile`` the call goes through one
   ``torch.autograd.Function`` over the same two functions (or straight to the forward
   when no gradient is needed), not through the dispatcher, whose per-call argument
-  handling costs tens of microseconds of host time with autograd (README, "torch.compile").
+  handling costs tens of microseconds of host time with autograd (kernels/README.md).
 
 The forward's annotated positional parameters are the op's arguments (``Tensor``,
-``Optional[Tensor]``, ``float``, ``int``, ``bool``) and give its schema. Keyword-only
-parameters are filled in, never part of the schema:
+``Optional[Tensor]``, ``float``, ``int``, ``bool``, ``Optional[int]``, ``Optional[float]``)
+and give its schema. Keyword-only parameters are filled in, never part of the schema:
 
 * ``keep``: whether a backward can follow (grad mode on and a tensor argument requires
   grad); save intermediates only then.
@@ -42,6 +42,8 @@ parameters are filled in, never part of the schema:
   shapes may use its ``numel()``, never its values (``kernels._utils.chunk_map`` hands
   back an empty table for it; its launches are suppressed anyway).
 * ``needs_grad`` (backward): tensor argument name -> whether its gradient is wanted.
+* ``outputs`` (backward): the forward's outputs, for a backward that reads them (the
+  attention output); they are kept only for such a backward.
 * any other keyword-only parameter: the constant given to ``register`` (one launcher
   behind several public ops, e.g. a gate kind).
 
@@ -68,7 +70,7 @@ from . import _validate
 
 NAMESPACE = "fla"
 # Keyword-only parameters the mechanism fills in.
-PROVIDED = ("keep", "offsets", "needs_grad")
+PROVIDED = ("keep", "offsets", "needs_grad", "outputs")
 
 _SCHEMA_TYPES = {
     torch.Tensor: "Tensor",
@@ -76,6 +78,8 @@ _SCHEMA_TYPES = {
     float: "float",
     int: "int",
     bool: "bool",
+    typing.Optional[float]: "float?",
+    typing.Optional[int]: "int?",
 }
 
 # ----------------------------------------------------------------------------- launches off
@@ -178,6 +182,7 @@ class LaunchOp:
             raise TypeError(f"{name}: keyword-only parameters {sorted(kw_only)} must be {PROVIDED} or "
                             f"the constants given to register ({sorted(fixed)})")
         self._wants = {fn: _keyword_only(fn) for fn in (forward, backward) if fn is not None}
+        self.backward_reads_outputs = backward is not None and "outputs" in self._wants[backward]
         types = []
         for n in self.arg_names:
             hint = hints.get(n)
@@ -207,7 +212,7 @@ class LaunchOp:
             return forward, None
         backward = torch.library.custom_op(
             f"{NAMESPACE}::{name}_backward", self._backward_impl, mutates_args=(), tags=tags,
-            schema=f"(Tensor?[] grads, Tensor?[] saved, {self._schema}, bool[] needs_grad) -> Tensor[]",
+            schema=f"(Tensor?[] grads, Tensor?[] saved, Tensor?[] outputs, {self._schema}, bool[] needs_grad) -> Tensor[]",
         )
         backward.register_fake(self._backward_fake)
         forward.register_autograd(self._autograd_backward, setup_context=self._setup_context)
@@ -249,8 +254,9 @@ class LaunchOp:
         outputs, saved = self.forward(**self._call_kwargs(self.forward, args, offsets, keep=keep))
         return tuple(outputs), tuple(saved)
 
-    def _run_backward(self, grads, saved, args, needs_grad, offsets) -> list:
-        kwargs = self._call_kwargs(self.backward, args, offsets, needs_grad=dict(zip(self.tensor_names, needs_grad)))
+    def _run_backward(self, grads, saved, outputs, args, needs_grad, offsets) -> list:
+        kwargs = self._call_kwargs(self.backward, args, offsets, needs_grad=dict(zip(self.tensor_names, needs_grad)),
+                                   outputs=tuple(outputs))
         result = self.backward(tuple(grads), tuple(saved), **kwargs)
         unknown = set(result) - set(self.tensor_names)
         if unknown:
@@ -292,27 +298,28 @@ class LaunchOp:
             outputs, saved = self._run_forward(args, keep, self._fake_offsets(args))
         return _to_list(outputs + saved, self._device(args), args)
 
-    def _backward_impl(self, grads, saved, *args):
+    def _backward_impl(self, grads, saved, outputs, *args):
         *args, needs_grad = args
-        result = self._run_backward(grads, saved, args, needs_grad, self._host_offsets(args))
-        return _to_list(result, self._device(args), [*grads, *saved, *args])
+        result = self._run_backward(grads, saved, outputs, args, needs_grad, self._host_offsets(args))
+        return _to_list(result, self._device(args), [*grads, *saved, *outputs, *args])
 
-    def _backward_fake(self, grads, saved, *args):
+    def _backward_fake(self, grads, saved, outputs, *args):
         *args, needs_grad = args
         with launches_suppressed():
-            result = self._run_backward(grads, saved, args, needs_grad, self._fake_offsets(args))
-        return _to_list(result, self._device(args), [*grads, *saved, *args])
+            result = self._run_backward(grads, saved, outputs, args, needs_grad, self._fake_offsets(args))
+        return _to_list(result, self._device(args), [*grads, *saved, *outputs, *args])
 
     def _setup_context(self, ctx, inputs, output):
         *args, keep = inputs
-        _save(ctx, self, args, _from_list(output[self.n_outputs:]))
-        ctx.outputs_present = [not _is_placeholder(t) for t in output[: self.n_outputs]]
+        outputs = _from_list(output[: self.n_outputs])
+        _save(ctx, self, args, _from_list(output[self.n_outputs:]), outputs)
+        ctx.outputs_present = [t is not None for t in outputs]
 
     def _autograd_backward(self, ctx, grads):
-        args, saved = _restore(ctx, self)
+        args, saved, outputs = _restore(ctx, self)
         grads = [g if present else None for g, present in zip(grads, ctx.outputs_present)]
         needs_grad = [bool(ctx.needs_input_grad[i]) for i in self._tensor_index]
-        flat = self.custom_ops(args)[1](grads, list(saved), *args, needs_grad)
+        flat = self.custom_ops(args)[1](grads, list(saved), list(outputs), *args, needs_grad)
         return (*self._per_argument(_from_list(flat)), None)
 
     def _per_argument(self, tensor_grads) -> list:
@@ -322,21 +329,25 @@ class LaunchOp:
         return result
 
 
-def _save(ctx, op: LaunchOp, args, saved) -> None:
-    """Keep the tensor arguments and the forward's saved tensors for the backward."""
-    ctx.save_for_backward(*(args[i] for i in op._tensor_index), *saved)
+def _save(ctx, op: LaunchOp, args, saved, outputs) -> None:
+    """Keep the tensor arguments, the forward's saved tensors and (where the backward
+    reads them) its outputs for the backward."""
+    outputs = tuple(outputs) if op.backward_reads_outputs else ()
+    ctx.save_for_backward(*(args[i] for i in op._tensor_index), *saved, *outputs)
+    ctx.n_saved = len(saved)
     ctx.scalars = [None if i in op._tensor_index else a for i, a in enumerate(args)]
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None
 
 
 def _restore(ctx, op: LaunchOp):
-    """(the op's arguments, the forward's saved tensors) from ``_save``."""
+    """(the op's arguments, the forward's saved tensors, its outputs or ()) from ``_save``."""
     stored = ctx.saved_tensors
     n_tensors = len(op._tensor_index)
     args = list(ctx.scalars)
     for i, t in zip(op._tensor_index, stored[:n_tensors]):
         args[i] = t
-    return args, stored[n_tensors:]
+    rest = stored[n_tensors:]
+    return args, rest[: ctx.n_saved], rest[ctx.n_saved:]
 
 
 class _EagerFunction(torch.autograd.Function):
@@ -345,16 +356,17 @@ class _EagerFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: LaunchOp, offsets, *args):
         outputs, saved = op._run_forward(args, True, offsets)
-        _save(ctx, op, args, saved)
+        _save(ctx, op, args, saved, outputs)
         ctx.op, ctx.offsets = op, offsets
         return outputs
 
     @staticmethod
     def backward(ctx, *grads):
         op = ctx.op
-        args, saved = _restore(ctx, op)
+        args, saved, outputs = _restore(ctx, op)
         needs_grad = [bool(ctx.needs_input_grad[2 + i]) for i in op._tensor_index]
-        return (None, None, *op._per_argument(op._run_backward(grads, saved, args, needs_grad, ctx.offsets)))
+        grads_in = op._run_backward(grads, saved, outputs, args, needs_grad, ctx.offsets)
+        return (None, None, *op._per_argument(grads_in))
 
 
 # ----------------------------------------------------------------------------- registry

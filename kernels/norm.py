@@ -35,6 +35,7 @@ import triton.language as tl
 
 from . import _library as library
 from . import _partials, _utils
+from ._arch import COMPILE_OPTIONS
 from . import _validate as V
 
 # Longest row held in registers by one program (16 warps, 32 float32 values a thread
@@ -184,7 +185,7 @@ def _forward(x, g, weight, bias, eps, mean, gate):
             x2, g2, weight, bias, y,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
-            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps, **COMPILE_OPTIONS,
         )
     return y.view(x.shape)
 
@@ -207,7 +208,7 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
             x2, g2, weight, bias, dy2, dx, dg, dparams,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, _row_stride(dy2), eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
-            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps, **COMPILE_OPTIONS,
         )
     elif slots:
         dparams.zero_()

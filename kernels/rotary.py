@@ -43,6 +43,7 @@ import triton.language as tl
 
 from . import _library as library
 from . import _utils
+from ._arch import COMPILE_OPTIONS
 from . import _validate as V
 from ._sequence import search_steps, tile_origin, token_sequence
 
@@ -160,7 +161,7 @@ def _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interlea
         D=D, HALF=half, TABLE=table, PER_SEQUENCE_OFFSET=offsets is not None,
         VARLEN=cu_seqlens is not None, INTERLEAVED=interleaved, INVERSE=inverse,
         BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF, BLOCK_PASS=BLOCK_PASS,
-        num_warps=num_warps,
+        num_warps=num_warps, **COMPILE_OPTIONS,
     )
     return y
 

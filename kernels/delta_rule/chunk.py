@@ -1,6 +1,6 @@
 r"""Chunked delta rule and gated delta rule: ``chunk_delta_rule``, ``chunk_gated_delta_rule``.
 
-Recurrence (per value head; OPS.md), state ``S`` of shape [K, V]::
+Recurrence (per value head; docs/ops.md), state ``S`` of shape [K, V]::
 
     S_t = e^{g_t} (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,    o_t = S_t^T (scale q_t)
 
@@ -133,11 +133,15 @@ MAX_HEAD_DIM = 256
 SAVED = ("G", "L", "P", "h", "rk", "rq", "vn", "w")
 
 
+def chunk_table(q, cu_seqlens, offsets):
+    """(varlen chunk table or None, number of sequences) of one call."""
+    table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
+    return table, q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+
+
 def _launch_plan(q, v, cu_seqlens, offsets):
     """(configs, varlen chunk table or None, number of sequences) of one call."""
-    cfg = choose_configs(q.shape[-1], v.shape[-1], q.dtype)
-    table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
-    return cfg, table, q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    return (choose_configs(q.shape[-1], v.shape[-1], q.dtype), *chunk_table(q, cu_seqlens, offsets))
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,

@@ -18,11 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._utils import empty
 from .._chunk import (
     chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
 from ._chunk_common import CHUNK, load_gate_chunk, state_program
+from .chunk_fwd import piece_decay
 
 
 @triton.jit
@@ -50,9 +52,13 @@ def state_grad_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
-    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, CHANNEL_DECAY: tl.constexpr = False, decay=None,
 ):
-    """dh is held as NKS pieces of [BKS, BV] rows, as the forward state pass holds h."""
+    """dh is held as NKS pieces of [BKS, BV] rows, as the forward state pass holds h.
+
+    With CHANNEL_DECAY (kda) the operands carry their gates, as in the forward state pass:
+    ``q`` is scale q ⊙ e^G and ``k`` is k ⊙ e^{G_C - G} ([B, T, HV, K], H = HV, scale 1),
+    and ``decay`` each chunk's [K] e^{G_C}."""
     i_v, i_nh, i_hv, i_h, bos, eos, slot0, NT = state_program(cu_seqlens, T, H, HV, V, BT, BV, IS_VARLEN)
     rows = tl.arange(0, BT)
     DT = k.dtype.element_ty
@@ -74,14 +80,14 @@ def state_grad_kernel(
         if L2NORM:
             b_kf = b_kf * tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
             b_qf = b_qf * tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
-        decay = 1.0
+        chunk_decay = 1.0
         chunk_scale = 1.0
         if USE_G:
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
             b_G_first = tl.load(G + t0 * HV + i_hv)
             b_kf = b_kf * masked_exp(b_G_last - b_G, valid)
             b_qf = b_qf * masked_exp(b_G - b_G_first, valid)
-            decay = tl.exp(b_G_last.to(tl.float32))
+            chunk_decay = tl.exp(b_G_last.to(tl.float32))
             # e^{G_0}, the chunk's first cumulative gate, comes out of the chunk's products
             # (W is stored as e^{-G_0} W), which keeps their fp16 operands from flushing to zero
             chunk_scale = tl.exp(b_G_first.to(tl.float32))
@@ -99,15 +105,20 @@ def state_grad_kernel(
 
         # dh_c = e^{G_C} dh_{c+1} + scale (Q e^G)^T dO - W^T d(pseudo-values)
         b_dvnd = b_dvn.to(DT)
-        b_dh1 = _state_grad_piece_update(b_dh1, q_base, w_base, n_valid, 0, b_qf, b_do, b_dvnd, decay, chunk_scale,
-                                         H, HV, K, BT, BKS)
+        slot_row = (slot0 + i_c) * HV + i_hv
+        b_dh1 = _state_grad_piece_update(b_dh1, q_base, w_base, n_valid, 0, b_qf, b_do, b_dvnd,
+                                         piece_decay(decay, slot_row, 0, chunk_decay, K, BKS, CHANNEL_DECAY),
+                                         chunk_scale, H, HV, K, BT, BKS)
         if NKS > 1:
-            b_dh2 = _state_grad_piece_update(b_dh2, q_base, w_base, n_valid, 1, b_qf, b_do, b_dvnd, decay,
+            b_dh2 = _state_grad_piece_update(b_dh2, q_base, w_base, n_valid, 1, b_qf, b_do, b_dvnd,
+                                             piece_decay(decay, slot_row, 1, chunk_decay, K, BKS, CHANNEL_DECAY),
                                              chunk_scale, H, HV, K, BT, BKS)
         if NKS > 2:
-            b_dh3 = _state_grad_piece_update(b_dh3, q_base, w_base, n_valid, 2, b_qf, b_do, b_dvnd, decay,
+            b_dh3 = _state_grad_piece_update(b_dh3, q_base, w_base, n_valid, 2, b_qf, b_do, b_dvnd,
+                                             piece_decay(decay, slot_row, 2, chunk_decay, K, BKS, CHANNEL_DECAY),
                                              chunk_scale, H, HV, K, BT, BKS)
-            b_dh4 = _state_grad_piece_update(b_dh4, q_base, w_base, n_valid, 3, b_qf, b_do, b_dvnd, decay,
+            b_dh4 = _state_grad_piece_update(b_dh4, q_base, w_base, n_valid, 3, b_qf, b_do, b_dvnd,
+                                             piece_decay(decay, slot_row, 3, chunk_decay, K, BKS, CHANNEL_DECAY),
                                              chunk_scale, H, HV, K, BT, BKS)
 
     if STORE_DH0:
@@ -304,7 +315,7 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
         cu_seqlens, T, scale,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_grad_BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **flags,
+        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **flags, **COMPILE_OPTIONS,
     )
 
     direct = HV == H and not l2norm  # dq, dk need neither a head sum nor the norm's backward
@@ -320,7 +331,7 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
             dq_heads, dk_heads, dv, dbeta, dg,
             cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            num_warps=cfg.grad_warps, num_stages=cfg.grad_stages, **flags,
+            num_warps=cfg.grad_warps, num_stages=cfg.grad_stages, **flags, **COMPILE_OPTIONS,
         )
     if direct:
         dq, dk = dq_heads, dk_heads
@@ -331,6 +342,6 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
         if n_tokens > 0:
             qk_grad_finalize_kernel[(triton.cdiv(n_tokens, BTOK) * H,)](
                 q, k, saved["rq"], saved["rk"], dq_heads, dk_heads, dq, dk, n_tokens,
-                H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4,
+                H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4, **COMPILE_OPTIONS,
             )
     return dq, dk, dv, dg, dbeta, dh0

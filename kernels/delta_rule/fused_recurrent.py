@@ -1,7 +1,7 @@
 """Fused-recurrent delta rules: one pass over time, the state held in registers.
 
 Three ops share one forward kernel and one backward kernel; a ``tl.constexpr`` gate
-switch selects the decay (contract: OPS.md):
+switch selects the decay (contract: docs/ops.md):
 
 * ``fused_recurrent_delta_rule``:       ``S_t = (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
 * ``fused_recurrent_gated_delta_rule``: ``S_t = e^{g_t} (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
@@ -86,6 +86,7 @@ import triton.language as tl
 
 from .. import _arch, _validate
 from .. import _library as library
+from .._arch import COMPILE_OPTIONS
 from .._utils import cdiv, contiguous, empty, is_fake
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
@@ -93,7 +94,7 @@ GATE_NONE = 0  # delta rule
 GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
 GATE_CHANNEL = 2  # one log decay per key channel (kda)
 
-L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (OPS.md)
+L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (docs/ops.md)
 MAX_HEAD_DIM = 256
 
 
@@ -109,10 +110,10 @@ def _load_token(q, k, v, g, beta, tok, valid, i_h, i_hv, o_k, o_v, m_k, m_v,
     Split from their use so that the loop can issue the next token's loads before it
     computes the current one: the memory latency then hides behind a step's arithmetic.
     """
-    m_k = m_k & valid
+    m_k = tl.where(valid, m_k, False)
     b_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
     b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v & valid, other=0.0)
+    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=tl.where(valid, m_v, False), other=0.0)
     b_beta = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0)
     if GATE == 1:
         b_g = tl.load(g + tok * HV + i_hv, mask=valid, other=0.0)
@@ -279,6 +280,7 @@ def fused_recurrent_delta_bwd_kernel(
     o_kv = o_k[:, None] * V + o_v[None, :]
     # this program's scratch: C tiles [BK, BV], written and read back by the same program
     p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    whole_tile = tl.full([BK, BV], True, tl.int1)
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -315,8 +317,8 @@ def fused_recurrent_delta_bwd_kernel(
             b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
             nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
                                                 o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=m_v & (i > 0), other=0.0)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
+            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=tl.where(i > 0, m_v, False), other=0.0)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
             b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
             b_v = b_v.to(tl.float32)
             b_do = b_do.to(tl.float32)
@@ -506,7 +508,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state,
             SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     return (o, ht), (ckpt,)
 
@@ -543,7 +545,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
 
     dq = empty(q.shape, q.dtype, device)
@@ -556,7 +558,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
         fused_recurrent_delta_reduce_kernel[(n_blocks,)](
             q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
-            num_warps=4,
+            num_warps=4, **COMPILE_OPTIONS,
         )
     return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
 

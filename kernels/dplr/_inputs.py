@@ -1,4 +1,4 @@
-"""Argument checks shared by the four DPLR entry points (OPS.md, "Invalid input").
+"""Argument checks shared by the four DPLR entry points (docs/ops.md, "Invalid input").
 
 ``dplr_delta_rule(q, k, v, a, b, gk)`` and ``rwkv7(r, w, k, v, a, b)`` are one recurrence
 under two sets of names; every message names the argument as the caller spelled it.

@@ -1,6 +1,6 @@
 r"""Fused-recurrent DPLR delta rule and RWKV-7: one pass over time, the state in registers.
 
-Recurrence (per head; OPS.md), state ``S`` [K, V]::
+Recurrence (per head; docs/ops.md), state ``S`` [K, V]::
 
     S_t = (diag(e^{gk_t}) + b_t a_t^T) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
 

@@ -1,6 +1,6 @@
 """Fused-recurrent kernels for the gated linear recurrences, forward and backward.
 
-One kernel pair serves linear_attn, simple_gla, retention and gla (OPS.md):
+One kernel pair serves linear_attn, simple_gla, retention and gla (docs/ops.md):
 
     S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T,     o_t = S_t^T (scale q_t)
 
@@ -59,6 +59,7 @@ import triton
 import triton.language as tl
 
 from .. import _library as library
+from .._arch import COMPILE_OPTIONS
 from .._utils import block_size, cdiv, contiguous, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
@@ -230,8 +231,8 @@ def fused_recurrent_bwd_kernel(
             j = SEG - 1 - jj
             valid = seg * SEG + j < T_seq
             row = (bos + seg * SEG + j) * H + i_h
-            m_kt = m_k & valid
-            m_vt = m_v & valid
+            m_kt = tl.where(valid, m_k, False)
+            m_vt = tl.where(valid, m_v, False)
             bq = tl.load(q + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
             bk = tl.load(k + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
             bv = tl.load(v + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
@@ -331,7 +332,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
         USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None,
         USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
-        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
     return (o, final_state), ()
 
@@ -376,13 +377,13 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
         do, k, v, g, g_gamma, gk, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
-        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NV,)](
         q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"],
+        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
 
     dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
@@ -392,7 +393,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     if n_rows > 0:
         fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
             dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
-            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
+            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4, **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dgate, dh0
 

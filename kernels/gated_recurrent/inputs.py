@@ -1,6 +1,6 @@
 """Argument checks shared by the gated linear recurrences (linear_attn, simple_gla,
 retention, gla): one place that knows their shapes, so every entry point raises the
-same clear errors before any launch (OPS.md, "Invalid input")."""
+same clear errors before any launch (docs/ops.md, "Invalid input")."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def check_gated_inputs(
     cu_seqlens_cpu=None,
     gk_name: str = "gk",
 ) -> GatedInputs:
-    """Validate the arguments of a gated linear recurrence; see OPS.md for the layouts.
+    """Validate the arguments of a gated linear recurrence; see docs/ops.md for the layouts.
 
     ``g`` is a scalar log gate ``[B, T, H]``, ``g_gamma`` a constant log gate ``[H]``,
     ``gk`` a per-channel log gate ``[B, T, H, K]``; each may be absent. Gates may have a

@@ -142,12 +142,13 @@ import triton.language as tl
 
 from .. import _arch, _utils
 from .. import _library as library
+from .._arch import COMPILE_OPTIONS
+from .._gate_levels import LEVELS, level_pairs, next_level_sums, right_half
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
 BT = 64  # chunk length
-LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition
 
 
 # --------------------------------------------------------------------------------------
@@ -211,39 +212,6 @@ def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.c
     return _tile(ptr + i_state.to(tl.int64) * (K * V) + k0 * V, K - k0, V, v0, V, BK, BV)
 
 
-@triton.jit
-def _right_half(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
-    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
-
-
-@triton.jit
-def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """In-block gate sums at ``level + 1`` from those at ``level``.
-
-    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
-    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
-    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
-    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
-    value stays a sum of same-sign terms: no cancellation, however large the decay.
-    """
-    s: tl.constexpr = 1 << level
-    rows = tl.arange(0, BT)[:, None]
-    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
-    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
-
-
-@triton.jit
-def _level_pairs(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
-    j in the first half of the same block of ``2 * 2**level`` rows."""
-    s: tl.constexpr = 1 << level
-    bi = tl.arange(0, BT)[:, None] // s
-    bj = tl.arange(0, BT)[None, :] // s
-    return (bi - bj == 1) & (bj % 2 == 0)
-
-
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
@@ -282,12 +250,12 @@ def _intra_fwd(
         L = b_g
         R = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
-            right = _right_half(level, BT)
+            right = right_half(level, BT)
             factor = tl.exp(tl.where(right, L, R))
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            L, R = _next_level_sums(L, R, right, level, BT, BK)
+            a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            L, R = next_level_sums(L, R, right, level, BT, BK)
         # One block per chunk: L = G (the cumulative gate), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
@@ -457,14 +425,14 @@ def _qkg_bwd(
     L = b_g
     R = tl.zeros([BT, BK], dtype=tl.float32)
     for level in tl.static_range(LEVELS):
-        right = _right_half(level, BT)
+        right = right_half(level, BT)
         factor = tl.exp(tl.where(right, L, R))
-        d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
+        d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
         k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
         dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
         q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
         dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        L, R = _next_level_sums(L, R, right, level, BT, BK)
+        L, R = next_level_sums(L, R, right, level, BT, BK)
     # L = G, R = G_L - G (see the forward).
     b_dq = dq_inter * tl.exp(L) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
@@ -619,7 +587,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         cfg = lay.cfg["intra"]
         _intra_fwd[(lay.n_chunks * H,)](
             q, k, g, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
     o = _utils.empty_like(v)
     h_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device) if save_states else None
@@ -629,7 +597,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         q_in, k_out, v, decay, A, initial_state, o, h_chunks, final_state, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_H_CHUNKS=save_states,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     return o, final_state, (A, q_in, k_out, decay, h_chunks)
 
@@ -644,7 +612,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     dq = _utils.empty_like(q)
     dk = _utils.empty_like(k)
@@ -654,7 +622,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
         _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
             q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, lay.cu_seqlens, lay.chunk_map, scale,
             **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dg, dh0
 

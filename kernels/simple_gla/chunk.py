@@ -1,6 +1,6 @@
 """Chunked simple_gla (and its special cases retention and linear_attn), forward and backward.
 
-Recurrence, per head (OPS.md): ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``,
+Recurrence, per head (docs/ops.md): ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``,
 with a scalar log gate g ``[B, T, H]``, a constant one ``g_gamma [H]``, their sum, or none.
 
 Chunk form (chunk size BT = 64). In a chunk starting with state ``H_c``, let
@@ -73,6 +73,7 @@ import triton.language as tl
 
 from .. import _arch
 from .. import _library as library
+from .._arch import COMPILE_OPTIONS
 from .._utils import block_size, cdiv, chunk_map, contiguous, empty
 from ..gated_recurrent.fused_recurrent import recurrent_backward
 from .._sequence import first_state_slot, sequence_bounds, state_slots
@@ -410,7 +411,7 @@ def _launch_state_pass(x, y, g, g_gamma, states, s0, s_end, cu_seqlens, scale, T
         USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=x.dtype == torch.float32,
         USE_S0=s0 is not None,
         STORE_S_END=s_end is not None, IS_VARLEN=cu_seqlens is not None, REVERSE=reverse,
-        PRECISION=_precision(x.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"],
+        PRECISION=_precision(x.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
     )
 
 
@@ -445,7 +446,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
             H=H, K=K, V=V, BT=CHUNK_SIZE, BK=c["BK"], BV=c["BV"],
             USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
             IS_VARLEN=cu_seqlens is not None,
-            PRECISION=_precision(q.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"],
+            PRECISION=_precision(q.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
         )
     return (o, final_state), (states,) if keep else ()
 
@@ -479,7 +480,7 @@ def _backward(grads, saved, q, k, v, g, g_gamma, initial_state, cu_seqlens, cu_s
             USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
             STORE_DG=need_dg,
             IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(q.dtype),
-            num_warps=c["num_warps"], num_stages=c["num_stages"],
+            num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
         )
     return dict(q=dq, k=dk, v=dv, g=dg, initial_state=dh0)
 

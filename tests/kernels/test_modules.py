@@ -15,7 +15,7 @@ from kernels import RotaryEmbedding, apply_rotary, causal_conv1d, l2norm, rms_no
 from kernels import _partials
 from kernels import conv as conv_module
 from kernels.rotary import APPLY_ROTARY, ROTARY_EMBEDDING
-from pytest_fla.checks import numeric_device
+from pytest_fla.devices import numeric_device
 from pytest_fla.tolerance import assert_close
 
 DEVICE = numeric_device()
