@@ -43,10 +43,13 @@ along ``D`` is required, and anything else is copied first.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from . import _library as library
 from . import _partials, _utils
 from ._arch import COMPILE_OPTIONS
 from . import _validate as V
@@ -339,78 +342,84 @@ def _row_strides(t: torch.Tensor):
     return t.stride(0), t.stride(1)
 
 
-class _CausalConv1dFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, initial_state, output_final_state, cu_seqlens, num_sequences, silu):
-        B, T, D = x.shape
-        W = weight.shape[1]
-        x = _unit_last_stride(x)
-        weight = weight.contiguous()
-        varlen = cu_seqlens is not None
-        state_rows = _as_rows(initial_state)
-        y = _utils.empty((B, T, D), x.dtype, x.device)
-        ROWS, AHEAD, BLOCK_D, num_warps = _fwd_config(D)
-        if B * T > 0 and D > 0:
-            ranges = _utils.cdiv(T, ROWS)
-            _conv_fwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
-                x, weight, bias, state_rows, cu_seqlens, y,
-                T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges,
-                W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
-                SILU=silu, ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
-            )
-        final_state = None
-        if output_final_state:
-            final_state = _utils.empty((num_sequences, D, W - 1), torch.float32, x.device)
-            if num_sequences > 0 and D > 0:
-                BLOCK_DS = min(128, triton.next_power_of_2(D))
-                _conv_final_state_kernel[(num_sequences, _utils.cdiv(D, BLOCK_DS))](
-                    x, state_rows, cu_seqlens, final_state,
-                    T, D, *_row_strides(x),
-                    W=W, HAS_STATE=initial_state is not None, VARLEN=varlen, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
-                )
-        ctx.save_for_backward(x, weight, bias, state_rows, cu_seqlens)
-        ctx.num_sequences = num_sequences
-        ctx.silu = silu
-        return y, final_state
-
-    @staticmethod
-    def backward(ctx, dy, dfinal):
-        x, weight, bias, state_rows, cu_seqlens = ctx.saved_tensors
-        B, T, D = x.shape
-        W = weight.shape[1]
-        N = ctx.num_sequences
-        varlen = cu_seqlens is not None
-        dy = _unit_last_stride(dy)
-        dfinal_rows = _as_rows(dfinal)
-        dx = _utils.empty((B, T, D), x.dtype, x.device)
-        ROWS, AHEAD, BLOCK_D, num_warps = _bwd_config(D, W)
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool, silu: bool):
+    """The forward launches; returns ``((y, final state or None), ())``."""
+    B, T, D = x.shape
+    num_sequences = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    W = weight.shape[1]
+    x = _unit_last_stride(x)
+    weight = weight.contiguous()
+    varlen = cu_seqlens is not None
+    state_rows = _as_rows(initial_state)
+    y = _utils.empty((B, T, D), x.dtype, x.device)
+    ROWS, AHEAD, BLOCK_D, num_warps = _fwd_config(D)
+    if B * T > 0 and D > 0:
         ranges = _utils.cdiv(T, ROWS)
-        dparams = _utils.empty((max(1, B * ranges), (W + 1) * D), torch.float32, x.device)
-        if B * T > 0 and D > 0:
-            _conv_bwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
-                x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dx, dparams,
-                T, D, *_row_strides(x), *_row_strides(dy), N, search_steps(N), ranges,
-                W=W, HAS_BIAS=bias is not None, HAS_STATE=state_rows is not None,
-                HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen, SILU=ctx.silu,
-                ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
+        _conv_fwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
+            x, weight, bias, state_rows, cu_seqlens, y,
+            T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges,
+            W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
+            SILU=silu, ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
+        )
+    final_state = None
+    if output_final_state:
+        final_state = _utils.empty((num_sequences, D, W - 1), torch.float32, x.device)
+        if num_sequences > 0 and D > 0:
+            BLOCK_DS = min(128, triton.next_power_of_2(D))
+            _conv_final_state_kernel[(num_sequences, _utils.cdiv(D, BLOCK_DS))](
+                x, state_rows, cu_seqlens, final_state,
+                T, D, *_row_strides(x),
+                W=W, HAS_STATE=initial_state is not None, VARLEN=varlen, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
             )
-        else:
-            dparams.zero_()
-        sums = _partials.column_sum(dparams, torch.float32)
-        dweight = sums[: W * D].view(W, D).t().to(weight.dtype).contiguous()
-        dbias = sums[W * D:].to(bias.dtype) if bias is not None else None
-        dstate = None
-        if state_rows is not None and ctx.needs_input_grad[3]:
-            dstate = _utils.empty((N, D, W - 1), torch.float32, x.device)
-            if N > 0 and D > 0:
-                BLOCK_DS = min(128, triton.next_power_of_2(D))
-                _conv_initial_state_grad_kernel[(N, _utils.cdiv(D, BLOCK_DS))](
-                    x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dstate,
-                    T, D, *_row_strides(x), *_row_strides(dy),
-                    W=W, HAS_BIAS=bias is not None, HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen,
-                    SILU=ctx.silu, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
-                )
-        return dx, dweight, dbias, dstate, None, None, None, None
+    return (y, final_state), ()
+
+
+def _backward(grads, saved, x, weight, bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state, silu,
+              *, needs_grad):
+    dy, dfinal = grads
+    x = _unit_last_stride(x)
+    weight = weight.contiguous()
+    state_rows = _as_rows(initial_state)
+    B, T, D = x.shape
+    W = weight.shape[1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    varlen = cu_seqlens is not None
+    dy = _unit_last_stride(dy)
+    dfinal_rows = _as_rows(dfinal)
+    dx = _utils.empty((B, T, D), x.dtype, x.device)
+    ROWS, AHEAD, BLOCK_D, num_warps = _bwd_config(D, W)
+    ranges = _utils.cdiv(T, ROWS)
+    dparams = _utils.empty((max(1, B * ranges), (W + 1) * D), torch.float32, x.device)
+    if B * T > 0 and D > 0:
+        _conv_bwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
+            x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dx, dparams,
+            T, D, *_row_strides(x), *_row_strides(dy), N, search_steps(N), ranges,
+            W=W, HAS_BIAS=bias is not None, HAS_STATE=state_rows is not None,
+            HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen, SILU=silu,
+            ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
+        )
+    else:
+        dparams.zero_()
+    sums = _partials.column_sum(dparams, torch.float32)
+    dweight = sums[: W * D].view(W, D).t().to(weight.dtype).contiguous()
+    dbias = sums[W * D:].to(bias.dtype) if bias is not None else None
+    dstate = None
+    if state_rows is not None and needs_grad["initial_state"]:
+        dstate = _utils.empty((N, D, W - 1), torch.float32, x.device)
+        if N > 0 and D > 0:
+            BLOCK_DS = min(128, triton.next_power_of_2(D))
+            _conv_initial_state_grad_kernel[(N, _utils.cdiv(D, BLOCK_DS))](
+                x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dstate,
+                T, D, *_row_strides(x), *_row_strides(dy),
+                W=W, HAS_BIAS=bias is not None, HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen,
+                SILU=silu, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
+            )
+    return dict(x=dx, weight=dweight, bias=dbias, initial_state=dstate)
+
+
+CAUSAL_CONV1D = library.register("causal_conv1d", _forward, _backward)
 
 
 def _fwd_config(D: int):
@@ -464,7 +473,5 @@ def causal_conv1d(
     offsets = V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     V.check_initial_state(op, initial_state, (N, D, W - 1), "[N, D, W - 1]")
-    del offsets  # validated; the kernels find each token's sequence on the device
-    return _CausalConv1dFunction.apply(
-        x, weight, bias, initial_state, bool(output_final_state), cu_seqlens, N, activation is not None
-    )
+    return CAUSAL_CONV1D(x, weight, bias, initial_state, cu_seqlens, cu_seqlens_cpu, bool(output_final_state),
+                         activation is not None, offsets=offsets)

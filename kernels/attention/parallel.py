@@ -49,15 +49,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import _arch
+from .. import _library as library
 from .._chunk import mm, mm_acc
 from .._sequence import sequence_bounds
-from .._utils import block_size, cdiv, chunk_map, empty
+from .._utils import block_size, cdiv, chunk_map, contiguous, empty
 from .inputs import check_attention_inputs
 
 LOG2E = math.log2(math.e)
@@ -479,58 +481,61 @@ def _window_arg(window_size, T: int):
     return int(window_size)
 
 
-class ParallelAttnFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, scale, causal, window, cu_seqlens, offsets_host):
-        B, T, H, D = q.shape
-        HKV, DV = v.shape[2], v.shape[3]
-        cfg = attention_configs(D, DV, q.dtype)
-        o = empty((B, T, H, DV), v.dtype, q.device)
-        lse = empty((H, B * T), torch.float32, q.device)
-        c = cfg.fwd
-        rows, table = _blocks_grid(B, T, offsets_host, c.BM, q.device)
-        if rows > 0:
-            attn_fwd_kernel[(rows, H)](
-                q, k, v, o, lse, table, cu_seqlens, scale, window or 0, T, B * T,
-                H=H, HKV=HKV, D=D, DV=DV, BM=c.BM, BN=c.BN, BD=block_size(D), BDV=block_size(DV),
-                CAUSAL=causal, HAS_WINDOW=window is not None, IS_VARLEN=cu_seqlens is not None,
-                num_warps=c.num_warps, num_stages=c.num_stages,
-            )
-        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
-        ctx.args = (scale, causal, window, offsets_host, cfg)
-        return o
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, causal: bool, window: Optional[int],
+             *, keep, offsets):
+    """The forward launch; returns ``((o,), (lse,) if a backward follows)``."""
+    q, k, v = contiguous(q, k, v)
+    B, T, H, D = q.shape
+    HKV, DV = v.shape[2], v.shape[3]
+    cfg = attention_configs(D, DV, q.dtype)
+    o = empty((B, T, H, DV), v.dtype, q.device)
+    lse = empty((H, B * T), torch.float32, q.device)
+    c = cfg.fwd
+    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device)
+    if rows > 0:
+        attn_fwd_kernel[(rows, H)](
+            q, k, v, o, lse, table, cu_seqlens, scale, window or 0, T, B * T,
+            H=H, HKV=HKV, D=D, DV=DV, BM=c.BM, BN=c.BN, BD=block_size(D), BDV=block_size(DV),
+            CAUSAL=causal, HAS_WINDOW=window is not None, IS_VARLEN=cu_seqlens is not None,
+            num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+    return (o,), (lse,) if keep else ()
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
-        scale, causal, window, offsets_host, cfg = ctx.args
-        B, T, H, D = q.shape
-        HKV, DV = v.shape[2], v.shape[3]
-        BD, BDV = block_size(D), block_size(DV)
-        do = do.contiguous()
-        dq, dk, dv = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device), empty(v.shape, v.dtype, v.device)
-        if B * T == 0:
-            return dq, dk, dv, None, None, None, None, None
-        delta = empty((H, B * T), torch.float32, q.device)
-        BT = max(16, 4096 // BDV)
-        attn_bwd_delta_kernel[(cdiv(B * T, BT), H)](o, do, delta, B * T, H=H, DV=DV, BT=BT, BDV=BDV, num_warps=4)
-        common = dict(H=H, HKV=HKV, D=D, DV=DV, BD=BD, BDV=BDV, CAUSAL=causal, HAS_WINDOW=window is not None,
-                      IS_VARLEN=cu_seqlens is not None)
-        c = cfg.dkdv
-        rows, table = _blocks_grid(B, T, offsets_host, c.BN, q.device)
-        if rows > 0:
-            attn_bwd_dkdv_kernel[(rows, HKV)](
-                q, k, v, do, lse, delta, dk, dv, table, cu_seqlens, scale, window or 0, T, B * T,
-                BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages,
-            )
-        c = cfg.dq
-        rows, table = _blocks_grid(B, T, offsets_host, c.BM, q.device)
-        if rows > 0:
-            attn_bwd_dq_kernel[(rows, H)](
-                q, k, v, do, lse, delta, dq, table, cu_seqlens, scale, window or 0, T, B * T,
-                BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages,
-            )
-        return dq, dk, dv, None, None, None, None, None
+
+def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, window, *, outputs, offsets):
+    q, k, v, do = contiguous(q, k, v, *grads)
+    (o,), (lse,) = outputs, saved
+    B, T, H, D = q.shape
+    cfg = attention_configs(D, v.shape[3], q.dtype)
+    HKV, DV = v.shape[2], v.shape[3]
+    BD, BDV = block_size(D), block_size(DV)
+    dq, dk, dv = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device), empty(v.shape, v.dtype, v.device)
+    if B * T == 0:
+        return dict(q=dq, k=dk, v=dv)
+    delta = empty((H, B * T), torch.float32, q.device)
+    BT = max(16, 4096 // BDV)
+    attn_bwd_delta_kernel[(cdiv(B * T, BT), H)](o, do, delta, B * T, H=H, DV=DV, BT=BT, BDV=BDV, num_warps=4)
+    common = dict(H=H, HKV=HKV, D=D, DV=DV, BD=BD, BDV=BDV, CAUSAL=causal, HAS_WINDOW=window is not None,
+                  IS_VARLEN=cu_seqlens is not None)
+    c = cfg.dkdv
+    rows, table = _blocks_grid(B, T, offsets, c.BN, q.device)
+    if rows > 0:
+        attn_bwd_dkdv_kernel[(rows, HKV)](
+            q, k, v, do, lse, delta, dk, dv, table, cu_seqlens, scale, window or 0, T, B * T,
+            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+    c = cfg.dq
+    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device)
+    if rows > 0:
+        attn_bwd_dq_kernel[(rows, H)](
+            q, k, v, do, lse, delta, dq, table, cu_seqlens, scale, window or 0, T, B * T,
+            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages,
+        )
+    return dict(q=dq, k=dk, v=dv)
+
+
+PARALLEL_ATTN = library.register("parallel_attn", _forward, _backward, outputs=1)
 
 
 def parallel_attn(q, k, v, scale=None, causal=True, window_size=None, cu_seqlens=None, cu_seqlens_cpu=None):
@@ -545,5 +550,5 @@ def parallel_attn(q, k, v, scale=None, causal=True, window_size=None, cu_seqlens
     inputs = check_attention_inputs("parallel_attn", q, k, v, scale, causal, window_size, cu_seqlens, cu_seqlens_cpu)
     attention_configs(inputs.D, inputs.DV, q.dtype)  # raises before any launch where nothing fits
     window = _window_arg(window_size, inputs.T)
-    return ParallelAttnFunction.apply(q.contiguous(), k.contiguous(), v.contiguous(), inputs.scale, bool(causal),
-                                      window, cu_seqlens, inputs.offsets_host)
+    return PARALLEL_ATTN(q, k, v, cu_seqlens, cu_seqlens_cpu, inputs.scale, bool(causal), window,
+                         offsets=inputs.offsets_host)[0]

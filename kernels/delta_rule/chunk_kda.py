@@ -86,14 +86,18 @@ value block) on axis 0; offsets are 64-bit; configs come from the target arch.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 
 from .. import _arch
+from .. import _library as library
 from .._gate_levels import LEVELS
 from .._sequence import state_slots
-from .._utils import chunk_map as build_chunk_map, empty
+from .._utils import contiguous, empty
 from ._chunk_common import CHUNK, choose_configs
+from .chunk import chunk_table
 from .chunk_bwd import qk_grad_finalize_kernel, state_grad_kernel
 from .chunk_fwd import output_kernel, state_pass_kernel
 from .chunk_kda_kernels import kda_chunk_grad_kernel, kda_intra_kernel
@@ -208,29 +212,32 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
     return dq, dk, dv, dg, dbeta, dh0
 
 
-class _ChunkKDA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map,
-                num_seqs, l2norm, keep):
-        o, final_state, saved = kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                        chunk_map, num_seqs, l2norm, keep)
-        if keep:
-            names = sorted(n for n, t in saved.items() if t is not None)
-            ctx.save_for_backward(q, k, v, g, beta, initial_state, *(saved[n] for n in names))
-            ctx.saved_names = names
-            ctx.args = (scale, cu_seqlens, chunk_map, num_seqs, l2norm)
-        return o, final_state
+# what the forward keeps for the backward, in the order the ops pass it
+SAVED = ("L", "P", "decay", "h", "k_out", "q_in", "rk", "rq", "vn", "w")
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, *rest = ctx.saved_tensors
-        saved = dict.fromkeys(("rq", "rk"))
-        saved.update(zip(ctx.saved_names, rest))
-        scale, cu_seqlens, chunk_map, num_seqs, l2norm = ctx.args
-        grads = kda_bwd(q, k, v, g, beta, scale, initial_state, do.contiguous(),
-                        dht.contiguous() if dht is not None else None, cu_seqlens, chunk_map, num_seqs, l2norm, saved)
-        dq, dk, dv, dg, dbeta, dh0 = grads
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None, None
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, l2norm: bool,
+             *, keep, offsets):
+    """The forward launches; returns ``((o, final state or None), what the backward reads)``."""
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
+    table, N = chunk_table(q, cu_seqlens, offsets)
+    o, final_state, saved = kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                    table, N, l2norm, keep)
+    return (o, final_state), tuple(saved[n] for n in SAVED) if keep else ()
+
+
+def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, l2norm, *, offsets):
+    q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
+    table, N = chunk_table(q, cu_seqlens, offsets)
+    dq, dk, dv, dg, dbeta, dh0 = kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, table, N,
+                                         l2norm, dict(zip(SAVED, saved)))
+    return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
+
+
+CHUNK_KDA = library.register(OP, _forward, _backward)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -247,14 +254,6 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     offsets = _validate_inputs(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                                use_qk_l2norm_in_kernel, GATE_CHANNEL)
     _arch.require_arch(OP, 80, _arch.SM75_TILES)
-    N = q.shape[0] if offsets is None else offsets.numel() - 1
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    # what the backward reads is kept only when a backward can follow (not under no_grad)
-    keep = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
-    )
-    return _ChunkKDA.apply(q, k, v, g, beta, scale, initial_state, bool(output_final_state), cu_seqlens, table, N,
-                           use_qk_l2norm_in_kernel, keep)
+    return CHUNK_KDA(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, bool(output_final_state),
+                     use_qk_l2norm_in_kernel, offsets=offsets)

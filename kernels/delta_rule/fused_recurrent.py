@@ -61,7 +61,7 @@ forward state, so the backward's rounding is that of the forward plus that of th
 adjoint recurrence, whatever β and g are: nothing is divided, nothing is amplified.
 
 Memory, per value head: checkpoints ``(T/C + 1) K V`` floats (held from forward to
-backward) and scratch ``C K V`` floats (backward only); C ~ sqrt(longest sequence), a
+backward) and scratch ``C K V`` floats (backward only); C ~ sqrt(mean sequence length), a
 power of two in 16..128, minimises their sum (at T = 4096: 2 x 64 states instead of 4096).
 Compute: one replayed forward step per backward step. Traffic: the scratch tile is
 written and read once per step (8 bytes per state element per token), which is what
@@ -78,14 +78,16 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import _arch, _validate
+from .. import _library as library
 from .._arch import COMPILE_OPTIONS
-from .._utils import cdiv, empty
+from .._utils import cdiv, contiguous, empty, is_fake
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
@@ -483,22 +485,36 @@ def _backward_config(K: int, V: int) -> tuple[int, int, int]:
     return BK, BV, 8 if BK > 128 else max(1, min(4, BK * BV // 512))
 
 
-def _checkpoint_interval(max_len: int) -> int:
-    """C ~ sqrt(T), a power of two in 16..128: checkpoints T/C and scratch C balance."""
-    c = triton.next_power_of_2(max(int(math.isqrt(max(max_len, 1))), 1))
-    return min(max(c, 16), 128)
+def _checkpoint_interval(tokens: int, sequences: int) -> int:
+    """C ~ sqrt(mean sequence length), a power of two in 16..128.
+
+    Checkpoints take ``tokens / C + sequences`` states and scratch ``C`` states per
+    program (one per sequence and value tile), so their sum is smallest at C = sqrt of
+    the mean length. Written as comparisons on the sizes rather than a square root, so
+    that under ``torch.compile(dynamic=True)`` two lengths in one bucket share a graph.
+    """
+    mean = tokens // max(sequences, 1)
+    for c, below in ((16, 17 * 17), (32, 33 * 33), (64, 65 * 65)):  # isqrt(mean) <= c
+        if mean < below:
+            return c
+    return 128
 
 
 # --------------------------------------------------------------------------- launches
 
 
-def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, max_len,
-             gate, l2norm, save_checkpoints):
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, l2norm: bool,
+             *, gate, keep, offsets):
+    """The forward launch; returns ``((o, final state or None), (checkpoints or None,))``."""
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
+    save_checkpoints = keep
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = _forward_config(K, V, max_len, N * HV)
-    C = _checkpoint_interval(max_len)
+    BK, BV, num_warps = _forward_config(K, V, _longest_sequence(offsets, T), N * HV)
+    C = _checkpoint_interval(B * T, N)
     o = empty((B, T, HV, V), v.dtype, q.device)
     ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
@@ -515,13 +531,18 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
             SAVE_CKPT=save_checkpoints,
             num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
-    return o, ht, ckpt, C
+    return (o, ht), (ckpt,)
 
 
-def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqlens, gate, l2norm):
+def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, l2norm, *, gate):
+    """The backward launches: gradients of the tensor arguments."""
+    (ckpt,) = saved
+    q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    C = _checkpoint_interval(B * T, N)
     NTOK = B * T
     BK, BV, num_warps = _backward_config(K, V)
     NV = cdiv(V, BV)
@@ -560,27 +581,14 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
             num_warps=4, **COMPILE_OPTIONS,
         )
-    return dq, dk, dv, dg, dbeta, dh0
+    return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
 
 
-class _FusedRecurrentDelta(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, max_len, scale, output_final_state, gate,
-                l2norm):
-        save_checkpoints = any(ctx.needs_input_grad[:6])
-        o, ht, ckpt, C = _forward(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                  cu_seqlens, max_len, gate, l2norm, save_checkpoints)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, ckpt)
-        ctx.C, ctx.scale, ctx.gate, ctx.l2norm = C, scale, gate, l2norm
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, cu_seqlens, ckpt = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta, dh0 = _backward(
-            q, k, v, g, beta, do.contiguous(), None if dht is None else dht.contiguous(),
-            ckpt, ctx.C, ctx.scale, initial_state, cu_seqlens, ctx.gate, ctx.l2norm)
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
+OPS = {
+    name: library.register(name, _forward, _backward, gate=gate)
+    for name, gate in (("fused_recurrent_delta_rule", GATE_NONE), ("fused_recurrent_gated_delta_rule", GATE_HEAD),
+                       ("fused_recurrent_kda", GATE_CHANNEL))
+}
 
 
 # --------------------------------------------------------------------------- validation
@@ -638,12 +646,13 @@ _longest: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def _longest_sequence(offsets_host, T: int) -> int:
-    """The longest sequence's length, from the validated host offsets (no device sync).
+    """The longest sequence's length, from the validated host offsets (no device sync);
+    T for fake offsets (shapes only, under torch.compile: it picks launch configs only).
 
     Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
     same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
     """
-    if offsets_host is None:
+    if offsets_host is None or is_fake(offsets_host):
         return T
     hit = _longest.get(id(offsets_host))
     if hit is not None and hit[0]() is offsets_host:
@@ -659,20 +668,9 @@ def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
          use_qk_l2norm_in_kernel, gate):
     offsets = _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                                use_qk_l2norm_in_kernel, gate)
-    max_len = _longest_sequence(offsets, q.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    g = g.contiguous() if g is not None else None
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    output_final_state = bool(output_final_state)
-    tensors = (q, k, v, g, beta, initial_state)
-    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
-        # inference: no autograd node, no checkpoints
-        o, ht, _, _ = _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                               max_len, gate, use_qk_l2norm_in_kernel, save_checkpoints=False)
-        return o, ht
-    return _FusedRecurrentDelta.apply(q, k, v, g, beta, initial_state, cu_seqlens, max_len, scale,
-                                      output_final_state, gate, use_qk_l2norm_in_kernel)
+    return OPS[op](q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, bool(output_final_state),
+                   use_qk_l2norm_in_kernel, offsets=offsets)
 
 
 # --------------------------------------------------------------------------- public ops

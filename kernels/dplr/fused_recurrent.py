@@ -39,16 +39,19 @@ second kernel: no atomics, two runs are bitwise equal.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import _library as library
 from .._sequence import first_state_slot, sequence_bounds, state_slots
-from .._utils import cdiv, empty
+from .._utils import cdiv, contiguous, empty
 from ..delta_rule.fused_recurrent import (
     _backward_config, _checkpoint_interval, _forward_config, _longest_sequence,
 )
-from ._inputs import check_dplr_inputs, needs_grad
+from ._inputs import check_dplr_inputs
 
 
 @triton.jit
@@ -237,11 +240,17 @@ def dplr_fused_reduce_kernel(
     _part_sum(dg_part, dg, rows, c, mask, total, NV, BR, BK)
 
 
-def _forward(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens, N, max_len, save_checkpoints):
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             gk: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, *, keep, offsets):
+    """The forward launch; returns ``((o, final state or None), (checkpoints or None,))``."""
+    q, k, v, a, b, gk, initial_state = contiguous(q, k, v, a, b, gk, initial_state)
+    save_checkpoints = keep
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV, num_warps = _forward_config(K, V, max_len, N * H)
-    C = _checkpoint_interval(max_len)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BK, BV, num_warps = _forward_config(K, V, _longest_sequence(offsets, T), N * H)
+    C = _checkpoint_interval(B * T, N)
     o = empty(v.shape, v.dtype, q.device)
     ht = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
@@ -255,12 +264,17 @@ def _forward(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seq
             USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE_CKPT=save_checkpoints,
             num_warps=num_warps, num_stages=1,
         )
-    return o, ht, ckpt, C
+    return (o, ht), (ckpt,)
 
 
-def _backward(q, k, v, a, b, gk, do, dht, ckpt, C, scale, initial_state, cu_seqlens, N):
+def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state):
+    (ckpt,) = saved
+    q, k, v, a, b, gk, initial_state, do, dht = contiguous(q, k, v, a, b, gk, initial_state, *grads)
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    C = _checkpoint_interval(B * T, N)
     NTOK = B * T
     BK, BV, num_warps = _backward_config(K, V)
     NV = cdiv(V, BV)
@@ -282,40 +296,19 @@ def _backward(q, k, v, a, b, gk, do, dht, ckpt, C, scale, initial_state, cu_seql
     if n_rows > 0:
         dplr_fused_reduce_kernel[(cdiv(n_rows, BR),)](*parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4)
     dq, dk, da, db, dg = grads
-    return dq, dk, dv, da, db, dg, dh0
+    return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)
 
 
-class _FusedRecurrentDplr(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, a, b, gk, initial_state, scale, output_final_state, cu_seqlens, N, max_len):
-        o, ht, ckpt, C = _forward(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens, N,
-                                  max_len, save_checkpoints=True)
-        ctx.save_for_backward(q, k, v, a, b, gk, initial_state, cu_seqlens, ckpt)
-        ctx.C, ctx.scale, ctx.N = C, scale, N
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, a, b, gk, initial_state, cu_seqlens, ckpt = ctx.saved_tensors
-        dq, dk, dv, da, db, dg, dh0 = _backward(
-            q, k, v, a, b, gk, do.contiguous(), None if dht is None else dht.contiguous(), ckpt, ctx.C,
-            ctx.scale, initial_state, cu_seqlens, ctx.N)
-        return dq, dk, dv, da, db, dg, dh0, None, None, None, None, None
+OPS = {name: library.register(name, _forward, _backward)
+       for name in ("fused_recurrent_dplr_delta_rule", "fused_recurrent_rwkv7")}
 
 
 def _run(op, names, q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens,
          cu_seqlens_cpu):
     p = check_dplr_inputs(op, names, q, k, v, a, b, gk, scale, initial_state, output_final_state,
                           cu_seqlens, cu_seqlens_cpu)
-    max_len = _longest_sequence(p.offsets_host, p.T)
-    q, k, v, a, b, gk = (t.contiguous() for t in (q, k, v, a, b, gk))
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    if not needs_grad(q, k, v, a, b, gk, initial_state):
-        o, ht, _, _ = _forward(q, k, v, a, b, gk, p.scale, initial_state, output_final_state, cu_seqlens, p.N,
-                               max_len, save_checkpoints=False)
-        return o, ht
-    return _FusedRecurrentDplr.apply(q, k, v, a, b, gk, initial_state, p.scale, output_final_state, cu_seqlens,
-                                     p.N, max_len)
+    return OPS[op](q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seqlens_cpu, p.scale, output_final_state,
+                   offsets=p.offsets_host)
 
 
 def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state=None, output_final_state=False,

@@ -52,12 +52,15 @@ allocated only when a gate gradient is wanted.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import _library as library
 from .._arch import COMPILE_OPTIONS
-from .._utils import block_size, cdiv, empty
+from .._utils import block_size, cdiv, contiguous, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
 
@@ -310,37 +313,45 @@ def _configs(K: int, V: int, backward: bool) -> dict:
     return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= (2048 if backward else 8192) else 8)
 
 
-class FusedRecurrentFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens, N):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, backward=False)
-        NV = cdiv(V, cfg["BV"])
-        o = empty(v.shape, v.dtype, v.device)
-        final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
-        fused_recurrent_fwd_kernel[(N * H * NV,)](
-            q, k, v, g, g_gamma, gk, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
-            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None,
-            USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
-            STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
-        )
-        ctx.save_for_backward(q, k, v, g, g_gamma, gk, initial_state, cu_seqlens)
-        ctx.scale, ctx.N = scale, N
-        return o, final_state
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+             g_gamma: Optional[torch.Tensor], gk: Optional[torch.Tensor], initial_state: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], scale: float,
+             output_final_state: bool):
+    """The forward launch; returns ``((o, final state or None), ())``: the backward
+    replays the recurrence from the inputs."""
+    q, k, v, g, g_gamma, gk, initial_state = contiguous(q, k, v, g, g_gamma, gk, initial_state)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = _configs(K, V, backward=False)
+    NV = cdiv(V, cfg["BV"])
+    o = empty(v.shape, v.dtype, v.device)
+    final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
+    fused_recurrent_fwd_kernel[(N * H * NV,)](
+        q, k, v, g, g_gamma, gk, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
+        USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None,
+        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
+        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+    )
+    return (o, final_state), ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, g_gamma, gk, initial_state, cu_seqlens = ctx.saved_tensors
-        gate_index = 5 if gk is not None else 3
-        need_dgate = (gk is not None or g is not None) and ctx.needs_input_grad[gate_index]
-        need_dh0 = initial_state is not None and ctx.needs_input_grad[7]
-        dq, dk, dv, dgate, dh0 = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
-                                                    ctx.scale, ctx.N, need_dgate, need_dh0)
-        dg = dgate if gk is None else None
-        dgk = dgate if gk is not None else None
-        return dq, dk, dv, dg, None, dgk, None, dh0, None, None, None
+
+def _backward(grads, saved, q, k, v, g, g_gamma, gk, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, *, needs_grad):
+    do, dht = grads
+    q, k, v, g, g_gamma, gk, initial_state = contiguous(q, k, v, g, g_gamma, gk, initial_state)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    gate = "gk" if gk is not None else "g"
+    need_dgate = (gk is not None or g is not None) and needs_grad[gate]
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    dq, dk, dv, dgate, dh0 = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
+                                                scale, N, need_dgate, need_dh0)
+    return {"q": dq, "k": dk, "v": dv, gate: dgate, "initial_state": dh0}
+
+
+OPS = {name: library.register(name, _forward, _backward) for name in (
+    "fused_recurrent_simple_gla", "fused_recurrent_retention", "fused_recurrent_linear_attn", "fused_recurrent_gla")}
 
 
 def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens, scale, N, need_dgate, need_dh0):
@@ -391,11 +402,8 @@ def _fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_f
                      cu_seqlens_cpu, gk_name="gk"):
     shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, scale=scale, initial_state=initial_state,
                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, gk_name=gk_name)
-    q, k, v, g, g_gamma, gk, initial_state = (
-        None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, gk, initial_state)
-    )
-    return FusedRecurrentFunction.apply(q, k, v, g, g_gamma, gk, shapes.scale, initial_state,
-                                        bool(output_final_state), cu_seqlens, shapes.N)
+    return OPS[op](q, k, v, g, g_gamma, gk, initial_state, cu_seqlens, cu_seqlens_cpu, shapes.scale,
+                   bool(output_final_state), offsets=shapes.offsets_host)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,

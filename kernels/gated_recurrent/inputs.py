@@ -81,7 +81,7 @@ def check_gated_inputs(
     val.check_range(op, "value head dim V (v.shape[-1])", V, MIN_HEAD_DIM, MAX_HEAD_DIM)
 
     offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets_host is None else offsets_host.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     val.check_initial_state(op, initial_state, (N, H, K, V))
     return GatedInputs(B, T, H, K, V, N, K**-0.5 if scale is None else float(scale), offsets_host)
 

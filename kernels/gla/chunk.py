@@ -134,13 +134,17 @@ Grids put the large products on axis 0; offsets are 64-bit (a 64-bit base per ti
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .. import _arch, _utils
+from .. import _library as library
 from .._arch import COMPILE_OPTIONS
 from .._gate_levels import LEVELS, level_pairs, next_level_sums, right_half
+from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
@@ -539,6 +543,8 @@ def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
     hit = _chunk_offsets_cache.get(key)
     if hit is not None and hit[0] is offsets_host:
         return hit[1]
+    if _utils.is_fake(offsets_host):  # shapes only: see kernels/_library.py
+        return torch.empty((offsets_host.numel(),), dtype=torch.int32, device=device)
     n_chunks = (offsets_host[1:] - offsets_host[:-1] + BT - 1) // BT
     table = _utils.host_to_device(torch.cat([n_chunks.new_zeros(1), n_chunks.cumsum(0)]).to(torch.int32), device)
     if len(_chunk_offsets_cache) > 256:
@@ -567,6 +573,9 @@ class _Layout:
             self.NT = _utils.cdiv(T, BT)
             self.chunk_map = self.chunk_offsets = None
             self.n_chunks = B * self.NT
+        # rows of the per-chunk buffers: from T and N alone (no output shape may depend on
+        # the offsets' values, kernels/_library.py); packed, up to N rows stay unused
+        self.chunk_rows = state_slots(B, T, self.N, BT, self.varlen)
         # Intermediates (A, q_in, k_out, the chunk states) are kept in q's dtype, except
         # for fp16, whose range cannot hold gate-scaled operands (e^{G} < 6e-8 flushes to
         # 0 and takes, e.g., the whole initial-state gradient with it at strong decay).
@@ -591,7 +600,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
     q_in = _utils.empty_like(q, lay.work)
     k_out = _utils.empty_like(k, lay.work)
-    decay = _utils.empty((lay.n_chunks, H, K), torch.float32, q.device)
+    decay = _utils.empty((lay.chunk_rows, H, K), torch.float32, q.device)
     if lay.n_chunks > 0:
         cfg = lay.cfg["intra"]
         _intra_fwd[(lay.n_chunks * H,)](
@@ -599,7 +608,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
             LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
     o = _utils.empty_like(v)
-    h_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device) if save_states else None
+    h_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device) if save_states else None
     final_state = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if output_final_state else None
     cfg = lay.cfg["state"]
     _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
@@ -614,7 +623,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
 def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     A, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
-    dh_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device)
+    dh_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device)
     dv = _utils.empty_like(v)
     dh0 = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if need_dh0 else None
     cfg = lay.cfg["state"]
@@ -636,25 +645,25 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     return dq, dk, dv, dg, dh0
 
 
-class _ChunkGLA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host):
-        lay = _Layout(q, v, cu_seqlens, offsets_host)
-        save_states = any(ctx.needs_input_grad[:5])
-        o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, save_states)
-        if save_states:
-            ctx.save_for_backward(q, k, v, g, *saved)
-            ctx.lay, ctx.scale = lay, scale
-            ctx.need_dh0 = initial_state is not None and ctx.needs_input_grad[4]
-        return o, final_state
+def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, *, keep, offsets):
+    q, k, v, g, initial_state = _utils.contiguous(q, k, v, g, initial_state)
+    lay = _Layout(q, v, cu_seqlens, offsets)
+    o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, keep)
+    return (o, final_state), saved if keep else ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, *saved = ctx.saved_tensors
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, saved, ctx.scale, do, dht, ctx.lay, ctx.need_dh0)
-        return dq, dk, dv, dg, dh0, None, None, None, None
+
+def _op_backward(grads, saved, q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state,
+                 *, needs_grad, offsets):
+    q, k, v, g, do, dht = _utils.contiguous(q, k, v, g, *grads)
+    lay = _Layout(q, v, cu_seqlens, offsets)
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    dq, dk, dv, dg, dh0 = _backward(q, k, v, g, saved, scale, do, dht, lay, need_dh0)
+    return dict(q=dq, k=dk, v=dv, g=dg, initial_state=dh0)
+
+
+CHUNK_GLA = library.register(OP, _op_forward, _op_backward)
 
 
 def _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
@@ -689,7 +698,5 @@ def chunk_gla(
     offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     _arch.require_arch("chunk_gla", 80, _arch.SM75_TILES)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
-    if initial_state is not None:
-        initial_state = initial_state.contiguous()
-    return _ChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host)
+    return CHUNK_GLA(q, k, v, g, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state,
+                     offsets=offsets_host)
