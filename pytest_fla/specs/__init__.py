@@ -13,6 +13,7 @@ FAMILY_MODULES = (
     "modules",
     "delta_rule",
     "delta_rule_recurrent",
+    "hgrn",
 )
 
 

@@ -1,0 +1,113 @@
+"""Fused-recurrent HGRN: ``fused_recurrent_hgrn``, one pass over time, forward and backward.
+
+One program per (sequence, channel block) walks the sequence: forward chunk by chunk
+from the first token, backward from the last, carrying the state (or ``e^{g} dh``) in
+registers from one chunk to the next. Inside a chunk the steps are one scan over a
+``[BT, BD]`` tile (``kernels.hgrn.scan``, shared with the chunked kernels), so a step
+costs no memory round trip. Grid: ``N * cdiv(D, BD)`` on axis 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _utils
+from .._sequence import sequence_bounds
+from .inputs import check_hgrn_inputs, configs
+from .scan import backward_chunk, channel_block, forward_chunk
+
+OP = "fused_recurrent_hgrn"
+BT = 32  # tokens per scanned tile
+
+
+@triton.jit
+def _sequence_of_program(cu_seqlens, T, D, BD: tl.constexpr, IS_VARLEN: tl.constexpr):
+    ND = tl.cdiv(D, BD)
+    pid = tl.program_id(0).to(tl.int64)
+    i_n = pid // ND
+    bos, T_seq = sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
+    return i_n, bos, T_seq, (pid % ND) * BD
+
+
+@triton.jit
+def _fused_fwd(x, g, o, h0, ht, cu_seqlens, T, D, BT: tl.constexpr, BD: tl.constexpr,
+               USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_n, bos, T_seq, d0 = _sequence_of_program(cu_seqlens, T, D, BD, IS_VARLEN)
+    cols, m_d = channel_block(d0, D, BD)
+    h = tl.zeros([BD], dtype=tl.float32)
+    if USE_H0:
+        h += tl.load(h0 + i_n * D + cols, mask=m_d, other=0.0)
+    for c in range(0, tl.cdiv(T_seq, BT)):
+        n_rows = tl.minimum(T_seq - c * BT, BT)
+        h = forward_chunk(x, g, o, bos + c * BT, n_rows, d0, D, h, BT, BD)
+    if STORE_HT:
+        tl.store(ht + i_n * D + cols, h, mask=m_d)
+
+
+@triton.jit
+def _fused_bwd(g, o, h0, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT: tl.constexpr, BD: tl.constexpr,
+               USE_H0: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_n, bos, T_seq, d0 = _sequence_of_program(cu_seqlens, T, D, BD, IS_VARLEN)
+    cols, m_d = channel_block(d0, D, BD)
+    carry = tl.zeros([BD], dtype=tl.float32)
+    if USE_DHT:
+        carry += tl.load(dht + i_n * D + cols, mask=m_d, other=0.0)
+    n = tl.cdiv(T_seq, BT)
+    for cc in range(0, n):
+        c = n - 1 - cc
+        n_rows = tl.minimum(T_seq - c * BT, BT)
+        carry = backward_chunk(g, o, h0, do, dx, dg, i_n, bos + c * BT, n_rows, c == 0, d0, D, carry,
+                               USE_H0, BT, BD)
+    if STORE_DH0:
+        tl.store(dh0 + i_n * D + cols, carry, mask=m_d)
+
+
+class _FusedRecurrentHGRN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g, initial_state, output_final_state, cu_seqlens, N):
+        B, T, D = x.shape
+        cfg = configs(D)["fused"]
+        o = _utils.empty_like(x)
+        final_state = _utils.empty((N, D), torch.float32, x.device) if output_final_state else None
+        _fused_fwd[(N * _utils.cdiv(D, cfg["BD"]),)](
+            x, g, o, initial_state, final_state, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
+            USE_H0=initial_state is not None, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None,
+            num_warps=cfg["num_warps"],
+        )
+        ctx.save_for_backward(g, o, initial_state, cu_seqlens)
+        ctx.N = N
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        g, o, initial_state, cu_seqlens = ctx.saved_tensors
+        B, T, D = o.shape
+        cfg = configs(D)["fused"]
+        need_dh0 = initial_state is not None and ctx.needs_input_grad[2]
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        dx = _utils.empty(o.shape, o.dtype, o.device)
+        dg = _utils.empty_like(g)
+        dh0 = _utils.empty((ctx.N, D), torch.float32, o.device) if need_dh0 else None
+        _fused_bwd[(ctx.N * _utils.cdiv(D, cfg["BD"]),)](
+            g, o, initial_state, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
+            USE_H0=initial_state is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+            IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+        )
+        return dx, dg, dh0, None, None, None
+
+
+def fused_recurrent_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None = None,
+                         output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+                         cu_seqlens_cpu: torch.Tensor | None = None):
+    """HGRN, one pass over time: ``h_t = e^{g_t} ⊙ h_{t-1} + x_t``, ``o_t = h_t``.
+
+    Arguments and results as :func:`kernels.chunk_hgrn`.
+    """
+    shapes = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
+    x, g = x.contiguous(), g.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    return _FusedRecurrentHGRN.apply(x, g, initial_state, output_final_state, cu_seqlens, shapes.N)
