@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
+HGRN = dict(B=4, T=4096, D=2048)
 
 
 @dataclass
@@ -94,6 +95,24 @@ def module_inputs(kind: str):
     return make
 
 
+def rwkv6_inputs():
+    """r, k, v, u in bf16, the log decay w in fp32 (as models keep it), OPS.md's realistic gates."""
+    B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+    return dict(r=rand(B, T, H, K), k=rand(B, T, H, K), v=rand(B, T, H, V),
+                w=F.logsigmoid(rand(B, T, H, K, dtype=torch.float32)) / 8, u=rand(H, K))
+
+
+def hgrn_inputs():
+    B, T, D = HGRN["B"], HGRN["T"], HGRN["D"]
+    return dict(x=rand(B, T, D), g=F.logsigmoid(rand(B, T, D, dtype=torch.float32)).to(torch.bfloat16))
+
+
+def _hgrn_floor():
+    """Forward: read x, g, write o. Backward: read g, o, do, write dx, dg."""
+    n = HGRN["B"] * HGRN["T"] * HGRN["D"]
+    return _bytes(3 * n), _bytes(3 * n + 5 * n)
+
+
 def _bytes(*numels, itemsize=2):
     return sum(numels) * itemsize
 
@@ -153,6 +172,10 @@ BENCHES = [
     Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("x"), ("x",), _module_floor("x"), call_ours_rmsnorm, call_rmsnorm),
     Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g"), _module_floor("gated"), call_ours_rmsnorm_gated, call_rmsnorm_gated),
     Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), _module_floor("conv"), call_conv, call_conv),
+    Bench("chunk_rwkv6", "kernels.chunk_rwkv6", "fla.ops.rwkv6.chunk_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u")),
+    Bench("fused_recurrent_rwkv6", "kernels.fused_recurrent_rwkv6", "fla.ops.rwkv6.fused_recurrent_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u")),
+    Bench("chunk_hgrn", "kernels.chunk_hgrn", "fla.ops.hgrn.chunk_hgrn", hgrn_inputs, ("x", "g"), _hgrn_floor()),
+    Bench("fused_recurrent_hgrn", "kernels.fused_recurrent_hgrn", "fla.ops.hgrn.fused_recurrent_hgrn", hgrn_inputs, ("x", "g"), _hgrn_floor()),
 ]
 
 
@@ -242,7 +265,7 @@ def run(benches, out_path, warm_only=False):
 
 def write_report(device, bandwidth, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
-              "copy_bandwidth_TBps": bandwidth / 1e12, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV},
+              "copy_bandwidth_TBps": bandwidth / 1e12, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV, "hgrn": HGRN},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
     if out_path:

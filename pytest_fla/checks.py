@@ -283,7 +283,8 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
 
 
 def _check_int64_offsets(spec: OpSpec, device, seed: int, elements: int) -> None:
-    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128},
+    # D sizes the ops without heads (hgrn: x [B, T, D])
+    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128, "D": 512},
                 options={**spec.cases[0].options, "output_final_state": True})
     small = spec.sample(base, "bf16", device, seed)
     per_row = max(t[0].numel() for name, t in small.tensors().items() if spec.args.get(name) and spec.args[name].layout[0] == "B")

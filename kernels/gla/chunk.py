@@ -1,4 +1,5 @@
-"""Chunked gated linear attention (GLA): ``chunk_gla``, forward and backward in Triton.
+"""Chunked gated linear attention (GLA): ``chunk_gla``, forward and backward in Triton,
+and with the bonus switch RWKV-6 (``kernels.rwkv6``; section "RWKV-6" below).
 
 The recurrence (per head; ``g`` in log space, one gate per key channel)::
 
@@ -106,6 +107,33 @@ the true ``dg`` is tiny next to ``q ⊙ dq``:
     dg_s = sum_{t >= s} (q ⊙ dq' - k ⊙ dk_intra')_t + sum_{t < s} (k ⊙ dk_inter)_t
            + e^{G_L} ⊙ sum_v (h ⊙ dh)            (' : without the diagonal terms)
 
+RWKV-6 (BONUS)
+--------------
+``chunk_rwkv6`` runs these kernels with ``q = r``, ``g = w`` and the bonus ``u [H, K]``.
+Its output reads the state *before* the token's update, plus the bonus on the token
+itself, ``o_t = (S_{t-1} + diag(u) k_t v_t^T)^T (scale r_t)``, so with ``X = G - g`` (the
+exclusive cumulative gate)::
+
+    o    = q_in h + A v,     q_in = scale q ⊙ e^{X}
+    A_ij = scale sum_c q_ic k_jc e^{X_ic - G_jc}  (j < i),    A_ii = scale q_i . (u ⊙ k_i)
+
+and the state pass, ``k_out`` and ``h'`` are unchanged. The levels need only the query's
+factor changed: ``X_i - G_e`` is the sum of ``g`` over i's block *before* i, built in the
+same recursion (``X``, same-sign sums; every exponent still ``<= 0``). Backward: ``dq``
+takes ``e^{X}`` for ``e^{G}``; the bonus adds ``dA_ii u ⊙ k_i`` to dq, ``dA_ii u ⊙ q_i``
+to dk, and ``du = sum_i dA_ii q_i ⊙ k_i`` over every token (per-chunk partial rows added in
+a fixed order, ``kernels._partials.column_sum``). In ``dg``, ``q_t`` carries the
+cumulative gate of token ``t - 1``, and what the tokens after the chunk add is the
+sensitivity to scaling ``h' - k_L v_L^T`` (the last token's own term does not decay
+before the next query reads it); working that through as above::
+
+    dg_s = sum_{t >= s} ((q ⊙ dq')_{t+1} - (k ⊙ dk_intra')_t) + sum_{t < s} (k ⊙ dk_inter)_t
+           + e^{G_L} ⊙ sum_v (h ⊙ dh)
+
+(``q ⊙ dq'`` moved up one row). The terms that cancel exactly are now the adjacent pairs
+``(t + 1, t)``, whose factor ``e^{X_{t+1} - G_t}`` is 1 at any decay: they are left out of
+the levels and added to dq, dk after dg, as the diagonal is for gla.
+
 Kernels and launches
 --------------------
 Forward, 2 launches:
@@ -138,7 +166,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import _arch, _utils
+from .. import _arch, _partials, _utils
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
@@ -214,20 +242,32 @@ def _right_half(level: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def _next_level_sums(L, R, X, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """In-block gate sums at ``level + 1`` from those at ``level``.
 
     At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
     ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
-    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
-    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
-    value stays a sum of same-sign terms: no cancellation, however large the decay.
+    ``j``, ``X_i`` the sum over i's block before ``i`` (``L_i - g_i``, the query side's
+    exponent when the output reads the state before the token's update). Merging each
+    block with its sibling adds the sibling's total (``L`` at the sibling's last row) to
+    ``L`` and ``X`` of a right block and to ``R`` of a left block. Every value stays a sum
+    of same-sign terms: no cancellation, however large the decay.
     """
     s: tl.constexpr = 1 << level
     rows = tl.arange(0, BT)[:, None]
     sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
     total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+    to_right = tl.where(right, total, 0.0)
+    return L + to_right, R + tl.where(right, 0.0, total), X + to_right
+
+
+@triton.jit
+def _shift_rows(x, by: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Row ``i`` of the result is row ``i + by`` of ``x`` (``by`` = +-1), zero past the edges."""
+    rows = tl.arange(0, BT)[:, None] + by
+    inside = (rows >= 0) & (rows < BT)
+    source = tl.broadcast_to(tl.minimum(tl.maximum(rows, 0), BT - 1), (BT, BD))
+    return tl.where(inside, tl.gather(x, source, axis=0), 0.0)
 
 
 @triton.jit
@@ -247,11 +287,12 @@ def _level_pairs(level: tl.constexpr, BT: tl.constexpr):
 
 @triton.jit
 def _intra_fwd(
-    q, k, g, A, q_in, k_out, decay, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, g, u, A, q_in, k_out, decay, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Per chunk: ``A``, and the gate-scaled operands of the state pass."""
+    """Per chunk: ``A``, and the gate-scaled operands of the state pass. With BONUS
+    (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``."""
     pid = tl.program_id(0)
     i_chunk = pid // H
     i_h = pid % H
@@ -277,21 +318,26 @@ def _intra_fwd(
         # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
         L = b_g
         R = tl.zeros([BT, BK], dtype=tl.float32)
+        X = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
             right = _right_half(level, BT)
-            factor = tl.exp(tl.where(right, L, R))
+            factor = tl.exp(tl.where(right, X if BONUS else L, R))
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
             a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            L, R = _next_level_sums(L, R, right, level, BT, BK)
-        # One block per chunk: L = G (the cumulative gate), R = G_L - G.
+            L, R, X = _next_level_sums(L, R, X, right, level, BT, BK)
+        # One block per chunk: L = G (the cumulative gate), R = G_L - G, X = G - g.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
         p_q, m_q = _tile(q_in, nrows, H * K, k0, K, BT, BK)
-        tl.store(p_q, (b_q * tl.exp(L) * scale).to(q_in.dtype.element_ty), mask=m_q)
+        tl.store(p_q, (b_q * tl.exp(X if BONUS else L) * scale).to(q_in.dtype.element_ty), mask=m_q)
         p_k, m_k = _tile(k_out, nrows, H * K, k0, K, BT, BK)
         tl.store(p_k, (b_k * tl.exp(R)).to(k_out.dtype.element_ty), mask=m_k)
-        qk_self += tl.sum(b_q * b_k, axis=1)
+        if BONUS:
+            b_u = tl.load(u + i_h * K + kvec, mask=kvec < K, other=0.0).to(tl.float32)
+            qk_self += tl.sum(b_q * b_u[None, :] * b_k, axis=1)
+        else:
+            qk_self += tl.sum(b_q * b_k, axis=1)
 
     a = tl.where(rows == cols, qk_self[:, None], a) * scale
     p_a, m_a = _tile(A, nrows, H * BT, 0, BT, BT, BT)
@@ -402,11 +448,13 @@ def _states_dv_bwd(
 
 @triton.jit
 def _qkg_bwd(
-    q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
-    """Per chunk and block of key channels: dq, dk, dg."""
+    """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
+    chunk's share of du, one row of ``du_part [chunks, H * K]``."""
     pid = tl.program_id(0)
     i_chunk = pid // H
     i_h = pid % H
@@ -440,6 +488,12 @@ def _qkg_bwd(
         h_dh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
     d_a = d_a * scale
     d_a_self = tl.sum(tl.where(rows == cols, d_a, 0.0), axis=1)
+    if BONUS:
+        # the pairs (t + 1, t) meet undecayed (e^{G_t - G_t}) and cancel exactly in dg, like
+        # the diagonal of gla: left out of the levels and added to dq, dk after dg
+        adjacent = rows == cols + 1
+        d_a_adjacent = tl.sum(tl.where(adjacent, d_a, 0.0), axis=1)
+        d_a = tl.where(adjacent, 0.0, d_a)
 
     b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
     b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
@@ -452,17 +506,18 @@ def _qkg_bwd(
     dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
     L = b_g
     R = tl.zeros([BT, BK], dtype=tl.float32)
+    X = tl.zeros([BT, BK], dtype=tl.float32)
     for level in tl.static_range(LEVELS):
         right = _right_half(level, BT)
-        factor = tl.exp(tl.where(right, L, R))
+        factor = tl.exp(tl.where(right, X if BONUS else L, R))
         d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
         k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
         dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
         q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
         dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        L, R = _next_level_sums(L, R, right, level, BT, BK)
-    # L = G, R = G_L - G (see the forward).
-    b_dq = dq_inter * tl.exp(L) * scale + dq_intra
+        L, R, X = _next_level_sums(L, R, X, right, level, BT, BK)
+    # L = G, R = G_L - G, X = G - g (see the forward).
+    b_dq = dq_inter * tl.exp(X if BONUS else L) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
     G_last = tl.sum(b_g, axis=0)
 
@@ -470,12 +525,26 @@ def _qkg_bwd(
     # carry of the module docstring with the k dk_inter terms of rows >= s cancelled out
     # algebraically (at strong decay the last row's term is large and the sum is not).
     # The strict prefix sum is a triangular matmul, so no large term is added and taken away.
+    # With BONUS the query of row t + 1 carries the cumulative gate of row t, so its term
+    # moves up one row (module docstring, "RWKV-6").
     below = (rows > cols).to(tl.float32)
-    b_dg = tl.cumsum(b_q * b_dq - b_k * dk_intra, axis=0, reverse=True)
+    q_dq = b_q * b_dq
+    if BONUS:
+        q_dq = _shift_rows(q_dq, 1, BT, BK)
+    b_dg = tl.cumsum(q_dq - b_k * dk_intra, axis=0, reverse=True)
     b_dg = tl.dot(below, b_k * dk_inter, b_dg, input_precision=PREC)
     b_dg += (tl.exp(G_last) * h_dh)[None, :]
-    b_dq += d_a_self[:, None] * b_k
-    b_dk = dk_inter + dk_intra + d_a_self[:, None] * b_q
+    if BONUS:
+        kvec = k0 + tl.arange(0, BK)
+        b_u = tl.load(u + i_h * K + kvec, mask=kvec < K, other=0.0).to(tl.float32)
+        b_dq += d_a_self[:, None] * (b_u[None, :] * b_k) + d_a_adjacent[:, None] * _shift_rows(b_k, -1, BT, BK)
+        b_dk = (dk_inter + dk_intra + d_a_self[:, None] * (b_u[None, :] * b_q)
+                + _shift_rows(d_a_adjacent[:, None] * b_q, 1, BT, BK))
+        du = tl.sum(d_a_self[:, None] * b_q * b_k, axis=0)
+        tl.store(du_part + (i_chunk.to(tl.int64) * H + i_h) * K + kvec, du, mask=kvec < K)
+    else:
+        b_dq += d_a_self[:, None] * b_k
+        b_dk = dk_inter + dk_intra + d_a_self[:, None] * b_q
 
     p_dq, mask = _tile(dq + row0 * K, nrows, H * K, k0, K, BT, BK)
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=mask)
@@ -600,7 +669,7 @@ class _Layout:
                     IS_VARLEN=self.varlen)
 
 
-def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool):
+def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool, u=None):
     H, K, V = lay.H, lay.K, lay.V
     A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
     q_in = _utils.empty_like(q, lay.work)
@@ -609,8 +678,8 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     if lay.n_chunks > 0:
         cfg = lay.cfg["intra"]
         _intra_fwd[(lay.n_chunks * H,)](
-            q, k, g, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            q, k, g, u, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
+            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     o = _utils.empty_like(v)
     h_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device) if save_states else None
@@ -625,7 +694,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     return o, final_state, (A, q_in, k_out, decay, h_chunks)
 
 
-def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
+def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool, u=None):
     A, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
     dh_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device)
@@ -640,35 +709,50 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
     dq = _utils.empty_like(q)
     dk = _utils.empty_like(k)
     dg = _utils.empty_like(g)
+    du_part = _utils.empty((lay.n_chunks, H * K), torch.float32, q.device) if u is not None else None
     if lay.n_chunks > 0:
         cfg = lay.cfg["qkg"]
         _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
-            q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, lay.cu_seqlens, lay.chunk_map, scale,
-            **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
+            q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, lay.cu_seqlens, lay.chunk_map, scale,
+            **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-    return dq, dk, dv, dg, dh0
+    # u is shared by every token: its per-chunk partial sums are added in a fixed order
+    du = _partials.column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
+    return dq, dk, dv, dg, dh0, du
 
 
 class _ChunkGLA(torch.autograd.Function):
+    """chunk_gla, and chunk_rwkv6 when given the bonus ``u`` (None for gla)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host):
+    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host, u=None):
         lay = _Layout(q, v, cu_seqlens, offsets_host)
-        save_states = any(ctx.needs_input_grad[:5])
-        o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, save_states)
+        save_states = any(ctx.needs_input_grad[:5]) or any(ctx.needs_input_grad[9:])
+        o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, save_states, u)
         if save_states:
-            ctx.save_for_backward(q, k, v, g, *saved)
+            ctx.save_for_backward(q, k, v, g, u, *saved)
             ctx.lay, ctx.scale = lay, scale
             ctx.need_dh0 = initial_state is not None and ctx.needs_input_grad[4]
         return o, final_state
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, *saved = ctx.saved_tensors
+        q, k, v, g, u, *saved = ctx.saved_tensors
         do = do.contiguous()
         dht = dht.contiguous() if dht is not None else None
-        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, saved, ctx.scale, do, dht, ctx.lay, ctx.need_dh0)
-        return dq, dk, dv, dg, dh0, None, None, None, None
+        dq, dk, dv, dg, dh0, du = _backward(q, k, v, g, saved, ctx.scale, do, dht, ctx.lay, ctx.need_dh0, u)
+        return dq, dk, dv, dg, dh0, None, None, None, None, du
+
+
+def chunked(q, k, v, g, u, scale, initial_state, output_final_state, cu_seqlens, offsets_host):
+    """The validated call (``offsets_host`` from validation; ``u`` None for gla)."""
+    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
+    if u is not None:
+        u = u.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    return _ChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host, u)
 
 
 def _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
@@ -703,7 +787,4 @@ def chunk_gla(
     offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     _arch.require_arch("chunk_gla", 80, _arch.SM75_TILES)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
-    if initial_state is not None:
-        initial_state = initial_state.contiguous()
-    return _ChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host)
+    return chunked(q, k, v, g, None, scale, initial_state, output_final_state, cu_seqlens, offsets_host)

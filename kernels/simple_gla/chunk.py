@@ -455,7 +455,7 @@ class ChunkSimpleGLAFunction(torch.autograd.Function):
         if dht is not None:
             dht = dht.contiguous()
         if not _chunk_grad_fits(K, q.dtype, gamma_only=g is None and g_gamma is not None):
-            dq, dk, dv, dg, dh0 = recurrent_backward(
+            dq, dk, dv, dg, dh0, _ = recurrent_backward(
                 q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N,
                 g is not None and ctx.needs_input_grad[3], initial_state is not None and ctx.needs_input_grad[6])
             return dq, dk, dv, dg, None, None, dh0, None, None, None, None

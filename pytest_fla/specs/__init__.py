@@ -14,6 +14,7 @@ FAMILY_MODULES = (
     "delta_rule",
     "delta_rule_recurrent",
     "hgrn",
+    "rwkv6",
 )
 
 
