@@ -119,7 +119,7 @@ exclusive cumulative gate)::
 
 and the state pass, ``k_out`` and ``h'`` are unchanged. The levels need only the query's
 factor changed: ``X_i - G_e`` is the sum of ``g`` over i's block *before* i, built in the
-same recursion (``X``, same-sign sums; every exponent still ``<= 0``). Backward: ``dq``
+same recursion (same-sign sums; every exponent still ``<= 0``). Backward: ``dq``
 takes ``e^{X}`` for ``e^{G}``; the bonus adds ``dA_ii u ⊙ k_i`` to dq, ``dA_ii u ⊙ q_i``
 to dk, and ``du = sum_i dA_ii q_i ⊙ k_i`` over every token (per-chunk partial rows added in
 a fixed order, ``kernels._partials.column_sum``). In ``dg``, ``q_t`` carries the
@@ -242,23 +242,25 @@ def _right_half(level: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _next_level_sums(L, R, X, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def _next_level_sums(Q, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                     EXCLUSIVE: tl.constexpr):
     """In-block gate sums at ``level + 1`` from those at ``level``.
 
-    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
-    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
-    ``j``, ``X_i`` the sum over i's block before ``i`` (``L_i - g_i``, the query side's
-    exponent when the output reads the state before the token's update). Merging each
-    block with its sibling adds the sibling's total (``L`` at the sibling's last row) to
-    ``L`` and ``X`` of a right block and to ``R`` of a left block. Every value stays a sum
-    of same-sign terms: no cancellation, however large the decay.
+    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``Q_i`` is the sum of
+    ``g`` over i's block up to and including ``i`` (``L_i``), or with EXCLUSIVE up to but
+    not including ``i`` (``X_i = L_i - g_i``, the query side's exponent when the output
+    reads the state before the token's update); ``R_j`` is the sum over j's block after
+    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
+    sibling's last row, ``X + g`` there) to ``Q`` of a right block and to ``R`` of a left
+    block. Every value stays a sum of same-sign terms: no cancellation, however large
+    the decay.
     """
     s: tl.constexpr = 1 << level
     rows = tl.arange(0, BT)[:, None]
     sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
+    L = Q + g if EXCLUSIVE else Q
     total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    to_right = tl.where(right, total, 0.0)
-    return L + to_right, R + tl.where(right, 0.0, total), X + to_right
+    return Q + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
 
 
 @triton.jit
@@ -316,21 +318,21 @@ def _intra_fwd(
         b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
         # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
         # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
-        L = b_g
+        # the query side's in-block sums: inclusive (L), or with BONUS exclusive (X)
+        Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
         R = tl.zeros([BT, BK], dtype=tl.float32)
-        X = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
             right = _right_half(level, BT)
-            factor = tl.exp(tl.where(right, X if BONUS else L, R))
+            factor = tl.exp(tl.where(right, Q, R))
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
             a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            L, R, X = _next_level_sums(L, R, X, right, level, BT, BK)
-        # One block per chunk: L = G (the cumulative gate), R = G_L - G, X = G - g.
+            Q, R = _next_level_sums(Q, R, b_g, right, level, BT, BK, BONUS)
+        # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
         p_q, m_q = _tile(q_in, nrows, H * K, k0, K, BT, BK)
-        tl.store(p_q, (b_q * tl.exp(X if BONUS else L) * scale).to(q_in.dtype.element_ty), mask=m_q)
+        tl.store(p_q, (b_q * tl.exp(Q) * scale).to(q_in.dtype.element_ty), mask=m_q)
         p_k, m_k = _tile(k_out, nrows, H * K, k0, K, BT, BK)
         tl.store(p_k, (b_k * tl.exp(R)).to(k_out.dtype.element_ty), mask=m_k)
         if BONUS:
@@ -504,20 +506,19 @@ def _qkg_bwd(
     # them first would leave their rounding error in dg.
     dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
     dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    L = b_g
+    Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
     R = tl.zeros([BT, BK], dtype=tl.float32)
-    X = tl.zeros([BT, BK], dtype=tl.float32)
     for level in tl.static_range(LEVELS):
         right = _right_half(level, BT)
-        factor = tl.exp(tl.where(right, X if BONUS else L, R))
+        factor = tl.exp(tl.where(right, Q, R))
         d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
         k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
         dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
         q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
         dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        L, R, X = _next_level_sums(L, R, X, right, level, BT, BK)
-    # L = G, R = G_L - G, X = G - g (see the forward).
-    b_dq = dq_inter * tl.exp(X if BONUS else L) * scale + dq_intra
+        Q, R = _next_level_sums(Q, R, b_g, right, level, BT, BK, BONUS)
+    # Q = G (with BONUS G - g), R = G_L - G (see the forward).
+    b_dq = dq_inter * tl.exp(Q) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
     G_last = tl.sum(b_g, axis=0)
 
