@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import FakeTensor
 
 # Set by the test suite: every buffer a wrapper allocates is filled with NaN (floating)
 # or -1 (integer), so an element a kernel forgot to write cannot pass as a plausible value.
@@ -20,6 +21,17 @@ def empty(shape, dtype, device) -> torch.Tensor:
 
 def empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
     return empty(t.shape, dtype or t.dtype, t.device)
+
+
+def is_fake(t) -> bool:
+    """``t`` is a fake tensor: a custom op's fake implementation is running the host code
+    for shapes alone (``kernels._library``), so its values do not exist."""
+    return isinstance(t, FakeTensor)
+
+
+def contiguous(*tensors):
+    """Each tensor contiguous (a copy only where it is not); None stays None."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -1,6 +1,6 @@
 """Fused-recurrent kernels for the gated linear recurrences, forward and backward.
 
-One kernel pair serves linear_attn, simple_gla, retention, gla and rwkv6 (OPS.md):
+One kernel pair serves linear_attn, simple_gla, retention, gla and rwkv6 (docs/ops.md):
 
     S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T,     o_t = S_t^T (scale q_t)
 
@@ -65,12 +65,16 @@ allocated only when a gate gradient is wanted.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import _library as library
+from .._arch import COMPILE_OPTIONS
 from .._partials import column_sum
-from .._utils import block_size, cdiv, empty
+from .._utils import block_size, cdiv, contiguous, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
 
@@ -259,8 +263,8 @@ def fused_recurrent_bwd_kernel(
             j = SEG - 1 - jj
             valid = seg * SEG + j < T_seq
             row = (bos + seg * SEG + j) * H + i_h
-            m_kt = m_k & valid
-            m_vt = m_v & valid
+            m_kt = tl.where(valid, m_k, False)
+            m_vt = tl.where(valid, m_v, False)
             bq = tl.load(q + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
             bk = tl.load(k + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
             bv = tl.load(v + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
@@ -360,37 +364,48 @@ def _configs(K: int, V: int, backward: bool) -> dict:
     return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= (2048 if backward else 8192) else 8)
 
 
-class FusedRecurrentFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens, N, u=None):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, backward=False)
-        NV = cdiv(V, cfg["BV"])
-        o = empty(v.shape, v.dtype, v.device)
-        final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
-        fused_recurrent_fwd_kernel[(N * H * NV,)](
-            q, k, v, g, g_gamma, gk, u, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
-            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None,
-            USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
-            STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
-        )
-        ctx.save_for_backward(q, k, v, g, g_gamma, gk, initial_state, cu_seqlens, u)
-        ctx.scale, ctx.N = scale, N
-        return o, final_state
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+             g_gamma: Optional[torch.Tensor], gk: Optional[torch.Tensor], u: Optional[torch.Tensor],
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool):
+    """The forward launch; returns ``((o, final state or None), ())``: the backward
+    replays the recurrence from the inputs. ``u``: rwkv6's bonus (module docstring)."""
+    q, k, v, g, g_gamma, gk, u, initial_state = contiguous(q, k, v, g, g_gamma, gk, u, initial_state)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = _configs(K, V, backward=False)
+    NV = cdiv(V, cfg["BV"])
+    o = empty(v.shape, v.dtype, v.device)
+    final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
+    fused_recurrent_fwd_kernel[(N * H * NV,)](
+        q, k, v, g, g_gamma, gk, u, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
+        USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None,
+        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
+        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+    )
+    return (o, final_state), ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, g_gamma, gk, initial_state, cu_seqlens, u = ctx.saved_tensors
-        gate_index = 5 if gk is not None else 3
-        need_dgate = (gk is not None or g is not None) and ctx.needs_input_grad[gate_index]
-        need_dh0 = initial_state is not None and ctx.needs_input_grad[7]
-        dq, dk, dv, dgate, dh0, du = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
-                                                        ctx.scale, ctx.N, need_dgate, need_dh0, u)
-        dg = dgate if gk is None else None
-        dgk = dgate if gk is not None else None
-        return dq, dk, dv, dg, None, dgk, None, dh0, None, None, None, du
+
+def _backward(grads, saved, q, k, v, g, g_gamma, gk, u, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, *, needs_grad):
+    do, dht = grads
+    q, k, v, g, g_gamma, gk, u, initial_state = contiguous(q, k, v, g, g_gamma, gk, u, initial_state)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(v)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    gate = "gk" if gk is not None else "g"
+    need_dgate = (gk is not None or g is not None) and needs_grad[gate]
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    dq, dk, dv, dgate, dh0, du = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
+                                                    scale, N, need_dgate, need_dh0, u)
+    return {"q": dq, "k": dk, "v": dv, gate: dgate, "u": du, "initial_state": dh0}
+
+
+OPS = {name: library.register(name, _forward, _backward) for name in (
+    "fused_recurrent_simple_gla", "fused_recurrent_retention", "fused_recurrent_linear_attn", "fused_recurrent_gla",
+    "fused_recurrent_rwkv6")}
 
 
 def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens, scale, N, need_dgate, need_dh0,
@@ -419,14 +434,14 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
         do, k, v, g, g_gamma, gk, u, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
-        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NV,)](
         q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
         B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"],
+        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
 
     dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
@@ -436,7 +451,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     if n_rows > 0:
         fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
             dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
-            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
+            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4, **COMPILE_OPTIONS,
         )
     du = column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
     return dq, dk, dv, dgate, dh0, du
@@ -449,11 +464,8 @@ def fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_fi
     shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, u=u, scale=scale,
                                 initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
                                 gk_name=gk_name, q_name=q_name)
-    q, k, v, g, g_gamma, gk, u, initial_state = (
-        None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, gk, u, initial_state)
-    )
-    return FusedRecurrentFunction.apply(q, k, v, g, g_gamma, gk, shapes.scale, initial_state,
-                                        bool(output_final_state), cu_seqlens, shapes.N, u)
+    return OPS[op](q, k, v, g, g_gamma, gk, u, initial_state, cu_seqlens, cu_seqlens_cpu, shapes.scale,
+                   bool(output_final_state), offsets=shapes.offsets_host)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,

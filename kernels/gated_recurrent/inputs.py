@@ -1,6 +1,6 @@
 """Argument checks shared by the gated linear recurrences (linear_attn, simple_gla,
 retention, gla, rwkv6): one place that knows their shapes, so every entry point raises the
-same clear errors before any launch (OPS.md, "Invalid input")."""
+same clear errors before any launch (docs/ops.md, "Invalid input")."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def check_gated_inputs(
     gk_name: str = "gk",
     q_name: str = "q",
 ) -> GatedInputs:
-    """Validate the arguments of a gated linear recurrence; see OPS.md for the layouts.
+    """Validate the arguments of a gated linear recurrence; see docs/ops.md for the layouts.
 
     ``g`` is a scalar log gate ``[B, T, H]``, ``g_gamma`` a constant log gate ``[H]``,
     ``gk`` a per-channel log gate ``[B, T, H, K]``, ``u`` rwkv6's bonus ``[H, K]``; each
@@ -86,7 +86,7 @@ def check_gated_inputs(
     val.check_range(op, "value head dim V (v.shape[-1])", V, MIN_HEAD_DIM, MAX_HEAD_DIM)
 
     offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets_host is None else offsets_host.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     val.check_initial_state(op, initial_state, (N, H, K, V))
     return GatedInputs(B, T, H, K, V, N, K**-0.5 if scale is None else float(scale), offsets_host)
 

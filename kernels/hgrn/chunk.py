@@ -25,11 +25,15 @@ output. Every grid is one axis of (chunks or sequences) x channel blocks; offset
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import _library as library
 from .. import _utils
+from .._arch import COMPILE_OPTIONS
 from .._chunk import chunk_coords, chunk_span
 from .._sequence import state_slots
 from .inputs import check_hgrn_inputs, configs
@@ -121,9 +125,10 @@ def _output_bwd(g, o, h0, do, dx, dg, carry_in, cu_seqlens, chunk_map, T, D, BT:
 class _Layout:
     """Sizes, chunk table and configs of one call."""
 
-    def __init__(self, x: torch.Tensor, cu_seqlens, offsets_host, N: int):
+    def __init__(self, x: torch.Tensor, cu_seqlens, offsets_host):
         B, T, D = x.shape
-        self.T, self.D, self.N = T, D, N
+        self.N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+        self.T, self.D = T, D
         self.cu_seqlens = cu_seqlens
         self.varlen = offsets_host is not None
         if self.varlen:
@@ -132,7 +137,7 @@ class _Layout:
         else:
             self.chunk_map = None
             self.n_chunks = B * _utils.cdiv(T, BT)
-        self.slots = state_slots(B, T, N, BT, self.varlen)
+        self.slots = state_slots(B, T, self.N, BT, self.varlen)
         self.cfg = configs(D)
 
     def chunk_grid(self):
@@ -148,44 +153,50 @@ def _scan_passes(xs, g, init, need_final, lay: _Layout, reverse: bool):
     A = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
     B = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
     if lay.n_chunks > 0:
-        _summary[lay.chunk_grid()](xs, g, A, B, lay.cu_seqlens, lay.chunk_map, **lay.chunk_args(), REVERSE=reverse)
+        _summary[lay.chunk_grid()](xs, g, A, B, lay.cu_seqlens, lay.chunk_map, **lay.chunk_args(), REVERSE=reverse,
+                                   **COMPILE_OPTIONS)
     carry_in = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
     final = _utils.empty((lay.N, lay.D), torch.float32, g.device) if need_final else None
     c = lay.cfg["carry"]
     _carry[(lay.N * _utils.cdiv(lay.D, c["BD"]),)](
         A, B, carry_in, init, final, lay.cu_seqlens, lay.T, lay.D, BT=BT, NC=c["NC"], BD=c["BD"],
         REVERSE=reverse, USE_INIT=init is not None, STORE_FINAL=need_final, IS_VARLEN=lay.varlen,
-        num_warps=c["num_warps"],
+        num_warps=c["num_warps"], **COMPILE_OPTIONS,
     )
     return carry_in, final
 
 
-class _ChunkHGRN(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g, initial_state, output_final_state, cu_seqlens, offsets_host, N):
-        lay = _Layout(x, cu_seqlens, offsets_host, N)
-        carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, reverse=False)
-        o = _utils.empty_like(x)
-        if lay.n_chunks > 0:
-            _output_fwd[lay.chunk_grid()](x, g, o, carry_in, cu_seqlens, lay.chunk_map, **lay.chunk_args())
-        ctx.save_for_backward(g, o, initial_state)
-        ctx.lay = lay
-        return o, final_state
+def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool,
+             *, keep, offsets):
+    """Passes 1-3 forward; the backward reads the output (``h_{t-1}``), nothing else."""
+    x, g, initial_state = _utils.contiguous(x, g, initial_state)
+    lay = _Layout(x, cu_seqlens, offsets)
+    carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, reverse=False)
+    o = _utils.empty_like(x)
+    if lay.n_chunks > 0:
+        _output_fwd[lay.chunk_grid()](x, g, o, carry_in, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
+    return (o, final_state), ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        g, o, initial_state = ctx.saved_tensors
-        lay = ctx.lay
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        need_dh0 = initial_state is not None and ctx.needs_input_grad[2]
-        carry_in, dh0 = _scan_passes(do, g, dht, need_dh0, lay, reverse=True)
-        dx = _utils.empty(o.shape, o.dtype, o.device)
-        dg = _utils.empty_like(g)
-        if lay.n_chunks > 0:
-            _output_bwd[lay.chunk_grid()](g, o, initial_state, do, dx, dg, carry_in, lay.cu_seqlens, lay.chunk_map,
-                                          **lay.chunk_args(), USE_H0=initial_state is not None)
-        return dx, dg, dh0, None, None, None, None
+
+def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+              *, needs_grad, offsets, outputs):
+    (o, _), (do, dht) = outputs, grads
+    g, initial_state, do, dht = _utils.contiguous(g, initial_state, do, dht)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(o)
+    lay = _Layout(o, cu_seqlens, offsets)
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    carry_in, dh0 = _scan_passes(do, g, dht, need_dh0, lay, reverse=True)
+    dx = _utils.empty(o.shape, x.dtype, o.device)
+    dg = _utils.empty_like(g)
+    if lay.n_chunks > 0:
+        _output_bwd[lay.chunk_grid()](g, o, initial_state, do, dx, dg, carry_in, cu_seqlens, lay.chunk_map,
+                                      **lay.chunk_args(), USE_H0=initial_state is not None, **COMPILE_OPTIONS)
+    return dict(x=dx, g=dg, initial_state=dh0)
+
+
+CHUNK_HGRN = library.register(OP, _forward, _backward)
 
 
 def chunk_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None = None,
@@ -200,7 +211,5 @@ def chunk_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | N
     or None.
     """
     shapes = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
-    x, g = x.contiguous(), g.contiguous()
-    if initial_state is not None:
-        initial_state = initial_state.contiguous()
-    return _ChunkHGRN.apply(x, g, initial_state, output_final_state, cu_seqlens, shapes.offsets_host, shapes.N)
+    return CHUNK_HGRN(x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+                      offsets=shapes.offsets_host)

@@ -9,11 +9,15 @@ costs no memory round trip. Grid: ``N * cdiv(D, BD)`` on axis 0.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import _library as library
 from .. import _utils
+from .._arch import COMPILE_OPTIONS
 from .._sequence import sequence_bounds
 from .inputs import check_hgrn_inputs, configs
 from .scan import backward_chunk, channel_block, forward_chunk
@@ -64,39 +68,45 @@ def _fused_bwd(g, o, h0, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT: tl.constexp
         tl.store(dh0 + i_n * D + cols, carry, mask=m_d)
 
 
-class _FusedRecurrentHGRN(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g, initial_state, output_final_state, cu_seqlens, N):
-        B, T, D = x.shape
-        cfg = configs(D)["fused"]
-        o = _utils.empty_like(x)
-        final_state = _utils.empty((N, D), torch.float32, x.device) if output_final_state else None
-        _fused_fwd[(N * _utils.cdiv(D, cfg["BD"]),)](
-            x, g, o, initial_state, final_state, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
-            USE_H0=initial_state is not None, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None,
-            num_warps=cfg["num_warps"],
-        )
-        ctx.save_for_backward(g, o, initial_state, cu_seqlens)
-        ctx.N = N
-        return o, final_state
+def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool):
+    """One pass forward; the backward reads the output (``h_{t-1}``), nothing else."""
+    x, g, initial_state = _utils.contiguous(x, g, initial_state)
+    B, T, D = x.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = configs(D)["fused"]
+    o = _utils.empty_like(x)
+    final_state = _utils.empty((N, D), torch.float32, x.device) if output_final_state else None
+    _fused_fwd[(N * _utils.cdiv(D, cfg["BD"]),)](
+        x, g, o, initial_state, final_state, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
+        USE_H0=initial_state is not None, STORE_HT=output_final_state, IS_VARLEN=cu_seqlens is not None,
+        num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+    )
+    return (o, final_state), ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        g, o, initial_state, cu_seqlens = ctx.saved_tensors
-        B, T, D = o.shape
-        cfg = configs(D)["fused"]
-        need_dh0 = initial_state is not None and ctx.needs_input_grad[2]
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        dx = _utils.empty(o.shape, o.dtype, o.device)
-        dg = _utils.empty_like(g)
-        dh0 = _utils.empty((ctx.N, D), torch.float32, o.device) if need_dh0 else None
-        _fused_bwd[(ctx.N * _utils.cdiv(D, cfg["BD"]),)](
-            g, o, initial_state, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
-            USE_H0=initial_state is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-            IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
-        )
-        return dx, dg, dh0, None, None, None
+
+def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+              *, needs_grad, outputs):
+    (o, _), (do, dht) = outputs, grads
+    g, initial_state, do, dht = _utils.contiguous(g, initial_state, do, dht)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(o)
+    B, T, D = o.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = configs(D)["fused"]
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    dx = _utils.empty(o.shape, x.dtype, o.device)
+    dg = _utils.empty_like(g)
+    dh0 = _utils.empty((N, D), torch.float32, o.device) if need_dh0 else None
+    _fused_bwd[(N * _utils.cdiv(D, cfg["BD"]),)](
+        g, o, initial_state, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
+        USE_H0=initial_state is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+    )
+    return dict(x=dx, g=dg, initial_state=dh0)
+
+
+FUSED_RECURRENT_HGRN = library.register(OP, _forward, _backward)
 
 
 def fused_recurrent_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None = None,
@@ -107,7 +117,5 @@ def fused_recurrent_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.
     Arguments and results as :func:`kernels.chunk_hgrn`.
     """
     shapes = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
-    x, g = x.contiguous(), g.contiguous()
-    if initial_state is not None:
-        initial_state = initial_state.contiguous()
-    return _FusedRecurrentHGRN.apply(x, g, initial_state, output_final_state, cu_seqlens, shapes.N)
+    return FUSED_RECURRENT_HGRN(x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+                                offsets=shapes.offsets_host)

@@ -7,7 +7,8 @@ r, k, w ``[B, T, H, K]``; v ``[B, T, H, V]``; u ``[H, K]``; state float32 ``[N, 
 The chunked form is ``kernels.gla.chunk`` with BONUS: intra-chunk scores strictly below
 the diagonal with the query's gate exclusive of its own token, the diagonal
 ``scale r_t . (u k_t)`` (see that module's "RWKV-6" section); the fused form is
-``kernels.gated_recurrent.fused_recurrent`` with BONUS.
+``kernels.gated_recurrent.fused_recurrent`` with BONUS. Both are registered as custom ops
+(``torch.ops.fla.chunk_rwkv6``, ``fused_recurrent_rwkv6``) beside gla's, from the same launches.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from .. import _arch
 from ..gated_recurrent.fused_recurrent import fused_recurrent
 from ..gated_recurrent.inputs import check_gated_inputs
-from ..gla.chunk import chunked
+from ..gla.chunk import OPS as CHUNK_OPS
 
 
 def chunk_rwkv6(
@@ -44,7 +45,8 @@ def chunk_rwkv6(
     shapes = check_gated_inputs(op, r, k, v, gk=w, u=u, scale=scale, initial_state=initial_state,
                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, gk_name="w", q_name="r")
     _arch.require_arch(op, 80, _arch.SM75_TILES)
-    return chunked(r, k, v, w, u, shapes.scale, initial_state, output_final_state, cu_seqlens, shapes.offsets_host)
+    return CHUNK_OPS[op](r, k, v, w, u, initial_state, cu_seqlens, cu_seqlens_cpu, shapes.scale, output_final_state,
+                         offsets=shapes.offsets_host)
 
 
 def fused_recurrent_rwkv6(

@@ -30,16 +30,20 @@ COMPILE = (
     Case("d2048", {"B": 1, "T": 256, "D": 2048}, options=WITH_STATE),
     Case("d4100", {"B": 1, "T": 128, "D": 4100}, options=WITH_STATE),
 )
+# B * cdiv(2048, 128) = 4097 * 16 = 65552 programs on axis 0, past 65535 at any block up to 128
 HUGE_GRID = {"B": 4097, "T": 16, "D": 2048}
-ERRORS = linear_attention_errors("x", head_dims=False)
+# a sample of 2 rows the 64-bit-offset check tiles past 2**31 elements
+INT64_DIMS = {"B": 2, "T": 64, "D": 512}
+ERRORS = linear_attention_errors("x", head_dim=None)
 
 SPECS = [
     linear_attention_spec(
         "chunk_hgrn", "hgrn", HGRN_ARGS, CASES, grads=("x", "g", "initial_state"), chunk_size=64,
-        agrees_with="fused_recurrent_hgrn", compile_cases=COMPILE, huge_grid=HUGE_GRID, errors=ERRORS,
+        agrees_with="fused_recurrent_hgrn", compile_cases=COMPILE, huge_grid=HUGE_GRID, int64_dims=INT64_DIMS,
+        errors=ERRORS,
     ),
     linear_attention_spec(
         "fused_recurrent_hgrn", "hgrn", HGRN_ARGS, CASES, grads=("x", "g", "initial_state"),
-        compile_cases=COMPILE, huge_grid=HUGE_GRID, errors=ERRORS,
+        compile_cases=COMPILE, huge_grid=HUGE_GRID, int64_dims=INT64_DIMS, errors=ERRORS,
     ),
 ]
