@@ -53,6 +53,7 @@ CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
 # on both sides), packed sequences of mixed lengths against the peer's varlen kernel with
 # grouped heads (HKV = 4).
 ATTENTION = dict(B=4, T=4096, H=16, HKV=4, D=128, lengths=(512, 3584, 4096, 1024, 2048, 5120))
+HGRN = dict(B=4, T=4096, D=2048)
 
 
 @dataclass
@@ -189,6 +190,18 @@ def call_eps(fn, kwargs):
     return strict_call(fn, {**kwargs, "eps": 1e-6})
 
 
+def rwkv6_inputs():
+    """r, k, v and the bonus u in bf16, the log decay w in fp32 (as models keep it)."""
+    B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+    return dict(r=rand(B, T, H, K), k=rand(B, T, H, K), v=rand(B, T, H, V),
+                w=F.logsigmoid(rand(B, T, H, K, dtype=torch.float32)) / 8, u=rand(H, K))
+
+
+def hgrn_inputs():
+    B, T, D = HGRN["B"], HGRN["T"], HGRN["D"]
+    return dict(x=rand(B, T, D), g=F.logsigmoid(rand(B, T, D, dtype=torch.float32)).to(torch.bfloat16))
+
+
 def attention_inputs(varlen: bool):
     def make():
         H, HKV, D = ATTENTION["H"], ATTENTION["HKV"], ATTENTION["D"]
@@ -251,6 +264,10 @@ BENCHES = [
     Bench("parallel_attn_vs_sdpa", "kernels.parallel_attn", "torch.nn.functional.scaled_dot_product_attention", attention_inputs(False), ("q", "k", "v"),
           peer_call=call_sdpa_flash, flops=attention_flops(False), notes=["peer: torch SDPA, flash backend, dense causal"]),
     Bench("parallel_attn_varlen", "kernels.parallel_attn", "fla.ops.attn.parallel_attn", attention_inputs(True), ("q", "k", "v"), flops=attention_flops(True)),
+    Bench("chunk_rwkv6", "kernels.chunk_rwkv6", "fla.ops.rwkv6.chunk_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u"), flops=chunk_flops()),
+    Bench("fused_recurrent_rwkv6", "kernels.fused_recurrent_rwkv6", "fla.ops.rwkv6.fused_recurrent_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u")),
+    Bench("chunk_hgrn", "kernels.chunk_hgrn", "fla.ops.hgrn.chunk_hgrn", hgrn_inputs, ("x", "g")),
+    Bench("fused_recurrent_hgrn", "kernels.fused_recurrent_hgrn", "fla.ops.hgrn.fused_recurrent_hgrn", hgrn_inputs, ("x", "g")),
 ]
 
 
@@ -445,7 +462,7 @@ def complete(row) -> bool:
 def write_report(device, rates, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
-              "rounds": rounds, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION},
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
     if out_path:

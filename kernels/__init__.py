@@ -17,3 +17,6 @@ from .gla.chunk import chunk_gla  # noqa: E402
 from .delta_rule.fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda  # noqa: E402
 from .dplr.fused_recurrent import fused_recurrent_dplr_delta_rule, fused_recurrent_rwkv7  # noqa: E402
 from .attention import parallel_attn  # noqa: E402
+from .hgrn.chunk import chunk_hgrn  # noqa: E402
+from .hgrn.fused_recurrent import fused_recurrent_hgrn  # noqa: E402
+from .rwkv6.ops import chunk_rwkv6, fused_recurrent_rwkv6  # noqa: E402

@@ -122,11 +122,12 @@ def varlen_errors(spec: OpSpec, case: Case, device, messages: Mapping[str, str] 
                          ValueError, m["initial_state"])
 
 
-def linear_attention_errors(anchor: str = "q", head_dim: str = "K", too_large: int = 512) -> ErrorFactory:
+def linear_attention_errors(anchor: str = "q", head_dim: str | None = "K", too_large: int = 512) -> ErrorFactory:
     """The error factory for a recurrent op whose sizes are defined by ``anchor``: its
     dtype (float64, int), ``v``'s dtype differing, every other argument mis-shaped,
     a bfloat16 ``initial_state``, the head dim ``head_dim`` at ``too_large`` (out of the
-    supported range), and (for a varlen op) every ``cu_seqlens`` mistake."""
+    supported range; ``head_dim=None`` for an op whose channel count is unbounded, e.g.
+    hgrn's), and (for a varlen op) every ``cu_seqlens`` mistake."""
 
     def errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
         case = dataclasses.replace(spec.cases[0], options={**spec.cases[0].options, "initial_state": True})
@@ -138,10 +139,11 @@ def linear_attention_errors(anchor: str = "q", head_dim: str = "K", too_large: i
         if "initial_state" in kwargs:
             yield ErrorInput("initial_state_bf16", with_args(kwargs, initial_state=kwargs["initial_state"].bfloat16()),
                              TypeError, "`initial_state`.*dtype")
-        # explicit dims on every device: a case's GPU dims would put the head dim back in range
-        dims = {head_dim: too_large, **({"V": 16} if head_dim != "V" else {})}
-        big = spec.sample(dataclasses.replace(case.with_dims(**dims), gpu_dims=None), "fp32", device).kwargs
-        yield ErrorInput(f"head_dim_{too_large}", big, ValueError, f"{too_large}.*supported range")
+        if head_dim is not None:
+            # explicit dims on every device: a case's GPU dims would put the head dim back in range
+            dims = {head_dim: too_large, **({"V": 16} if head_dim != "V" else {})}
+            big = spec.sample(dataclasses.replace(case.with_dims(**dims), gpu_dims=None), "fp32", device).kwargs
+            yield ErrorInput(f"head_dim_{too_large}", big, ValueError, f"{too_large}.*supported range")
         if spec.varlen:
             yield from varlen_errors(spec, case, device)
 

@@ -474,7 +474,7 @@ def _backward(grads, saved, q, k, v, g, g_gamma, initial_state, cu_seqlens, cu_s
     need_dg = g is not None and needs_grad["g"]
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     if not _chunk_grad_fits(K, q.dtype, gamma_only=g is None and g_gamma is not None):
-        dq, dk, dv, dg, dh0 = recurrent_backward(
+        dq, dk, dv, dg, dh0, _ = recurrent_backward(
             q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N, need_dg, need_dh0)
         return dict(q=dq, k=dk, v=dv, g=dg, initial_state=dh0)
     dstates = empty(states.shape, q.dtype, q.device)
