@@ -38,9 +38,9 @@ and give its schema. Keyword-only parameters are filled in, never part of the sc
 * ``keep``: whether a backward can follow (grad mode on and a tensor argument requires
   grad); save intermediates only then.
 * ``offsets``: with a ``cu_seqlens`` argument, the validated host copy of the offsets,
-  else None. Under the fake implementation it is a fake tensor of the same length:
-  shapes may use its ``numel()``, never its values (``kernels._utils.chunk_map`` hands
-  back an empty table for it; its launches are suppressed anyway).
+  else None. Under the fake implementation it is a fake tensor of the same length and
+  ``kernels._utils.shapes_only()`` is true: shapes may use its ``numel()``, never its
+  values (``kernels._utils.chunk_map`` hands back an empty table; launches do nothing).
 * ``needs_grad`` (backward): tensor argument name -> whether its gradient is wanted.
 * ``outputs`` (backward): the forward's outputs, for a backward that reads them (the
   attention output); they are kept only for such a backward.
@@ -59,6 +59,7 @@ eager mode), with the same errors.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 import typing
@@ -66,7 +67,7 @@ import typing
 import torch
 from triton.runtime.jit import KernelInterface
 
-from . import _validate
+from . import _utils, _validate
 
 NAMESPACE = "fla"
 # Keyword-only parameters the mechanism fills in.
@@ -101,9 +102,10 @@ def _no_launch(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def launches_suppressed():
-    """In this thread, every ``kernel[grid](...)`` (plain, autotuned or heuristic) does
-    nothing; other threads launch as usual."""
+def shapes_only():
+    """The host code runs for shapes alone in this thread: every ``kernel[grid](...)``
+    (plain, autotuned or heuristic) does nothing and ``_utils.shapes_only()`` is true (value
+    reads give placeholders); other threads launch as usual."""
     global _patch_users
     with _patch_lock:
         if _patch_users == 0:
@@ -111,7 +113,8 @@ def launches_suppressed():
         _patch_users += 1
     _suppress.depth = getattr(_suppress, "depth", 0) + 1
     try:
-        yield
+        with _utils.computing_shapes():
+            yield
     finally:
         _suppress.depth -= 1
         with _patch_lock:
@@ -162,6 +165,19 @@ def _keyword_only(fn) -> set:
     return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
 
 
+def _forward_caller(forward, wants: set, fixed: dict):
+    """``call(args, keep, offsets)``: ``forward`` with the keywords it takes, built once
+    (the eager path runs it on every call)."""
+    fn = functools.partial(forward, **fixed) if fixed else forward
+    if "keep" in wants and "offsets" in wants:
+        return lambda args, keep, offsets: fn(*args, keep=keep, offsets=offsets)
+    if "keep" in wants:
+        return lambda args, keep, offsets: fn(*args, keep=keep)
+    if "offsets" in wants:
+        return lambda args, keep, offsets: fn(*args, offsets=offsets)
+    return lambda args, keep, offsets: fn(*args)
+
+
 class LaunchOp:
     """A public op's launches: call it like the forward's positional parameters (plus
     ``offsets=`` from validation); returns the forward's outputs (None where absent)."""
@@ -182,6 +198,8 @@ class LaunchOp:
             raise TypeError(f"{name}: keyword-only parameters {sorted(kw_only)} must be {PROVIDED} or "
                             f"the constants given to register ({sorted(fixed)})")
         self._wants = {fn: _keyword_only(fn) for fn in (forward, backward) if fn is not None}
+        self._forward_call = _forward_caller(forward, self._wants[forward], fixed)
+        self._eager = _eager_function(self) if backward is not None else None
         self.backward_reads_outputs = backward is not None and "outputs" in self._wants[backward]
         types = []
         for n in self.arg_names:
@@ -192,6 +210,8 @@ class LaunchOp:
             types.append(_SCHEMA_TYPES[hint])
         self.tensor_names = tuple(n for n, t in zip(self.arg_names, types) if t.startswith("Tensor"))
         self._tensor_index = tuple(self.arg_names.index(n) for n in self.tensor_names)
+        self._scalar_index = tuple(i for i, t in enumerate(types) if not t.startswith("Tensor"))
+        self._n_args = len(self.arg_names)
         self._schema = ", ".join(f"{t} {n}" for t, n in zip(types, self.arg_names))
         self.forward_op, self.backward_op = self._define(name, ())
         # Packed sequences: the real implementation reads the offsets on the host (their
@@ -227,37 +247,42 @@ class LaunchOp:
     # -- calling it
 
     def __call__(self, *args, offsets=None):
-        if len(args) != len(self.arg_names):
-            raise TypeError(f"{self.name}: expected {len(self.arg_names)} arguments {self.arg_names}, got {len(args)}")
-        tensors = [args[i] for i in self._tensor_index]
-        keep = self.backward is not None and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in tensors)
+        # The eager path is the hot one (a few microseconds of host time count): no
+        # dispatcher, no argument dicts; whether a gradient is wanted, the
+        # autograd.Function's needs_input_grad says.
         if torch.compiler.is_compiling():
-            flat = self.custom_ops(args)[0](*args, keep)
-            return _from_list(flat[: self.n_outputs])
-        if not keep:
-            outputs, _ = self._run_forward(args, False, offsets)
-            return tuple(outputs)
-        return _EagerFunction.apply(self, offsets, *args)
+            return self._compiled_call(args)
+        if self.backward is not None and torch.is_grad_enabled():
+            return self._eager.apply(offsets, *args)
+        return self._forward_call(args, False, offsets)[0]
+
+    def _compiled_call(self, args):
+        if len(args) != self._n_args:
+            raise TypeError(f"{self.name}: expected {self._n_args} arguments {self.arg_names}, got {len(args)}")
+        keep = self.backward is not None and torch.is_grad_enabled() and any(
+            args[i] is not None and args[i].requires_grad for i in self._tensor_index)
+        flat = self.custom_ops(args)[0](*args, keep)
+        return _from_list(flat[: self.n_outputs])
 
     # -- the pieces both paths share
 
-    def _call_kwargs(self, fn, args, offsets, **provided) -> dict:
-        kwargs = dict(zip(self.arg_names, args))
-        kwargs.update(self.fixed)
-        provided["offsets"] = offsets
+    def _provided(self, fn, **provided) -> dict:
+        """The keyword arguments ``fn`` takes: the constants and what it asks for."""
+        kwargs = dict(self.fixed)
         wants = self._wants[fn]
-        kwargs.update({k: v for k, v in provided.items() if k in wants})
+        for key, value in provided.items():
+            if key in wants:
+                kwargs[key] = value
         return kwargs
 
     def _run_forward(self, args, keep, offsets):
-        outputs, saved = self.forward(**self._call_kwargs(self.forward, args, offsets, keep=keep))
+        outputs, saved = self._forward_call(args, keep, offsets)
         return tuple(outputs), tuple(saved)
 
     def _run_backward(self, grads, saved, outputs, args, needs_grad, offsets) -> list:
-        kwargs = self._call_kwargs(self.backward, args, offsets, needs_grad=dict(zip(self.tensor_names, needs_grad)),
-                                   outputs=tuple(outputs))
-        result = self.backward(tuple(grads), tuple(saved), **kwargs)
+        kwargs = self._provided(self.backward, offsets=offsets, outputs=tuple(outputs),
+                                needs_grad=dict(zip(self.tensor_names, needs_grad)))
+        result = self.backward(tuple(grads), tuple(saved), *args, **kwargs)
         unknown = set(result) - set(self.tensor_names)
         if unknown:
             raise KeyError(f"{self.name}: the backward returned gradients of {sorted(unknown)}, not tensor arguments")
@@ -294,7 +319,7 @@ class LaunchOp:
 
     def _forward_fake(self, *args):
         *args, keep = args
-        with launches_suppressed():
+        with shapes_only():
             outputs, saved = self._run_forward(args, keep, self._fake_offsets(args))
         return _to_list(outputs + saved, self._device(args), args)
 
@@ -305,7 +330,7 @@ class LaunchOp:
 
     def _backward_fake(self, grads, saved, outputs, *args):
         *args, needs_grad = args
-        with launches_suppressed():
+        with shapes_only():
             result = self._run_backward(grads, saved, outputs, args, needs_grad, self._fake_offsets(args))
         return _to_list(result, self._device(args), [*grads, *saved, *outputs, *args])
 
@@ -332,10 +357,11 @@ class LaunchOp:
 def _save(ctx, op: LaunchOp, args, saved, outputs) -> None:
     """Keep the tensor arguments, the forward's saved tensors and (where the backward
     reads them) its outputs for the backward."""
-    outputs = tuple(outputs) if op.backward_reads_outputs else ()
-    ctx.save_for_backward(*(args[i] for i in op._tensor_index), *saved, *outputs)
+    tensors = [args[i] for i in op._tensor_index]
+    ctx.save_for_backward(*tensors, *saved, *outputs) if op.backward_reads_outputs else \
+        ctx.save_for_backward(*tensors, *saved)
     ctx.n_saved = len(saved)
-    ctx.scalars = [None if i in op._tensor_index else a for i, a in enumerate(args)]
+    ctx.scalars = [args[i] for i in op._scalar_index]
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None
 
 
@@ -343,30 +369,36 @@ def _restore(ctx, op: LaunchOp):
     """(the op's arguments, the forward's saved tensors, its outputs or ()) from ``_save``."""
     stored = ctx.saved_tensors
     n_tensors = len(op._tensor_index)
-    args = list(ctx.scalars)
+    args = [None] * op._n_args
     for i, t in zip(op._tensor_index, stored[:n_tensors]):
         args[i] = t
+    for i, a in zip(op._scalar_index, ctx.scalars):
+        args[i] = a
     rest = stored[n_tensors:]
     return args, rest[: ctx.n_saved], rest[ctx.n_saved:]
 
 
-class _EagerFunction(torch.autograd.Function):
-    """The eager path: the same forward and backward under one autograd node."""
+def _eager_function(op: LaunchOp):
+    """The eager path of ``op``: its forward and backward under one autograd node."""
 
-    @staticmethod
-    def forward(ctx, op: LaunchOp, offsets, *args):
-        outputs, saved = op._run_forward(args, True, offsets)
-        _save(ctx, op, args, saved, outputs)
-        ctx.op, ctx.offsets = op, offsets
-        return outputs
+    class EagerFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, offsets, *args):
+            keep = any(ctx.needs_input_grad)
+            outputs, saved = op._forward_call(args, keep, offsets)
+            if keep:
+                _save(ctx, op, args, saved, outputs)
+                ctx.offsets = offsets
+            return outputs
 
-    @staticmethod
-    def backward(ctx, *grads):
-        op = ctx.op
-        args, saved, outputs = _restore(ctx, op)
-        needs_grad = [bool(ctx.needs_input_grad[2 + i]) for i in op._tensor_index]
-        grads_in = op._run_backward(grads, saved, outputs, args, needs_grad, ctx.offsets)
-        return (None, None, *op._per_argument(grads_in))
+        @staticmethod
+        def backward(ctx, *grads):
+            args, saved, outputs = _restore(ctx, op)
+            needs_grad = [bool(ctx.needs_input_grad[1 + i]) for i in op._tensor_index]
+            return (None, *op._per_argument(op._run_backward(grads, saved, outputs, args, needs_grad, ctx.offsets)))
+
+    EagerFunction.__name__ = EagerFunction.__qualname__ = "".join(w.title() for w in op.name.split("_"))
+    return EagerFunction
 
 
 # ----------------------------------------------------------------------------- registry

@@ -123,7 +123,7 @@ def _tile_config(H: int, width: int, elements: int = 8192):
     return BLOCK_T, BLOCK_H, num_warps
 
 
-_inv_freqs: dict = {}
+_inv_freqs = _utils.device_cache()
 
 
 def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor:
@@ -133,7 +133,7 @@ def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tenso
     if hit is None:
         exponents = torch.arange(rotary_dim // 2, dtype=torch.float64) * 2 / rotary_dim
         hit = (base ** -exponents).to(device)
-        if _utils.is_fake(hit):  # shapes only (kernels/_library.py): never cached
+        if _utils.shapes_only():  # a fake tensor (kernels/_library.py): never cached
             return hit
         if len(_inv_freqs) > 64:
             _inv_freqs.clear()

@@ -1,12 +1,12 @@
-"""torch.compile over every op spec (``pytest_fla.compile_checks``): opcheck of the custom
+"""torch.compile over every op spec (``pytest_fla.torch_compile_checks``): opcheck of the custom
 ops, compiled == eager under ``fullgraph=True, dynamic=True`` at two lengths with one
 compile (varlen too), and CUDA graphs on a GPU. Ids read ``test_<check>[<op>]``.
 """
 
 import torch
 
-from pytest_fla.compile_checks import *  # noqa: F401,F403
-from pytest_fla.compile_checks import CountingBackend
+from pytest_fla.torch_compile_checks import *  # noqa: F401,F403
+from pytest_fla.torch_compile_checks import CountingBackend
 from pytest_fla.devices import numeric_device
 
 import pytest

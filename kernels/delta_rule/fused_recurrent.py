@@ -87,7 +87,7 @@ import triton.language as tl
 from .. import _arch, _validate
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS
-from .._utils import cdiv, contiguous, empty, is_fake
+from .._utils import cdiv, contiguous, empty, shapes_only
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
@@ -652,7 +652,7 @@ def _longest_sequence(offsets_host, T: int) -> int:
     Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
     same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
     """
-    if offsets_host is None or is_fake(offsets_host):
+    if offsets_host is None or shapes_only():
         return T
     hit = _longest.get(id(offsets_host))
     if hit is not None and hit[0]() is offsets_host:

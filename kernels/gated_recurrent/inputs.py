@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _validate as val
+from .._utils import device_cache
 
 # Head dims the kernels support: the state tile [K, BV] and the chunk tiles [BT, K] must
 # fit one program (registers and shared memory) on every target arch.
@@ -91,7 +92,7 @@ def check_gated_inputs(
     return GatedInputs(B, T, H, K, V, N, K**-0.5 if scale is None else float(scale), offsets_host)
 
 
-_retention_gammas: dict = {}
+_retention_gammas = device_cache()
 
 
 def retention_gamma(H: int, device) -> torch.Tensor:
@@ -100,6 +101,11 @@ def retention_gamma(H: int, device) -> torch.Tensor:
     Cached per (H, device): a fresh host-to-device copy on every call would stall the
     host on the stream.
     """
+    if torch.compiler.is_compiling():
+        # traced into the graph, on the device, and never cached: a cached graph output
+        # could live in a CUDA graph's memory pool
+        heads = torch.arange(H, dtype=torch.float64, device=device)
+        return torch.log1p(-torch.pow(2.0, -5.0 - heads)).to(torch.float32)
     key = (H, str(device))
     gamma = _retention_gammas.get(key)
     if gamma is None:

@@ -611,7 +611,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     }
 
 
-_chunk_offsets_cache: dict = {}
+_chunk_offsets_cache = _utils.device_cache()
 
 
 def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
@@ -620,7 +620,7 @@ def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
     hit = _chunk_offsets_cache.get(key)
     if hit is not None and hit[0] is offsets_host:
         return hit[1]
-    if _utils.is_fake(offsets_host):  # shapes only: see kernels/_library.py
+    if _utils.shapes_only():  # no values: see kernels/_library.py
         return torch.empty((offsets_host.numel(),), dtype=torch.int32, device=device)
     n_chunks = (offsets_host[1:] - offsets_host[:-1] + BT - 1) // BT
     table = _utils.host_to_device(torch.cat([n_chunks.new_zeros(1), n_chunks.cumsum(0)]).to(torch.int32), device)

@@ -1,5 +1,5 @@
 """Checks that every op works under ``torch.compile``, written once over all op specs,
-and the tests that run them over the session's specs (``from pytest_fla.compile_checks
+and the tests that run them over the session's specs (``from pytest_fla.torch_compile_checks
 import *`` in a test module, like :mod:`pytest_fla.conformance`).
 
 * ``check_opcheck``: ``torch.library.opcheck`` on every custom op a call of the spec's op
@@ -7,8 +7,8 @@ import *`` in a test module, like :mod:`pytest_fla.conformance`).
   autograd rule, hence the backward op, included) and the backward op on its own.
 * ``check_compiled_matches_eager``: ``torch.compile(fullgraph=True, dynamic=True)``
   around the op, at two sequence lengths (or two packings of ``cu_seqlens``), compiles
-  once and gives the eager outputs and gradients bit for bit (the compiled graph calls the
-  same launches).
+  once and gives the eager outputs and gradients (bit for bit where the graph holds the
+  custom ops alone: they run the same launches).
 * ``check_cuda_graphs``: under ``mode="reduce-overhead"`` (CUDA graphs), outputs of two
   calls alive at once are each right, over the calls that warm up, record and replay, and
   an eager call afterwards still matches (no cache the kernels keep was captured into a
@@ -31,6 +31,7 @@ import torch
 from .checks import cotangents, differentiable, run_with_grads, seed_for
 from .registry import over_specs, spec_param
 from .spec import Case, OpSpec, Sample
+from .tolerance import assert_close
 
 __all__ = [
     "test_opcheck",
@@ -40,8 +41,9 @@ __all__ = [
     "test_cuda_graphs",
 ]
 
-# interpreter runs: the longest T a compile check draws (two lengths: this and 3/4 of it)
-CPU_MAX_T = 16
+# Interpreter runs: one batch row of at most this many tokens (two lengths: this and
+# 3/4 of it). opcheck alone runs the op about ten times, forward and backward.
+CPU_MAX_T = 6
 
 
 def _with_length(case: Case, T: int) -> Case:
@@ -52,8 +54,11 @@ def _with_length(case: Case, T: int) -> Case:
 
 def _case(spec: OpSpec, device) -> Case:
     case = spec.cases[0]
-    if torch.device(device).type != "cuda" and case.dims.get("T", 0) > CPU_MAX_T:
-        case = _with_length(case, CPU_MAX_T)
+    if torch.device(device).type != "cuda":
+        if case.dims.get("T", 0) > CPU_MAX_T:
+            case = _with_length(case, CPU_MAX_T)
+        if case.dims.get("B", 1) > 1:
+            case = case.with_dims(B=1)
     return case
 
 
@@ -93,7 +98,8 @@ def _detached(args) -> tuple:
 
 
 def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
-    """opcheck every custom op one call of ``spec``'s op reaches; returns their names."""
+    """opcheck every custom op one call of ``spec``'s op reaches (each op once); returns
+    their names."""
     from kernels import _library
 
     sample = spec.sample(_case(spec, device), "fp32", device, seed, lengths=lengths)
@@ -108,6 +114,8 @@ def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
     checked = []
     for op, args, keep in calls:
         forward, backward = op.custom_ops(args)
+        if str(forward._opoverload) in checked:
+            continue
         args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
         torch.library.opcheck(forward, (*args, keep))
         checked.append(str(forward._opoverload))
@@ -160,16 +168,16 @@ def _split(sample: Sample) -> tuple[dict, dict]:
 
 
 def _assert_equal(what: str, compiled, eager) -> None:
+    """Bit for bit where the graph holds the ops alone; where inductor also computes
+    around them (a layer's projections, a decay vector), within the fp32 agreement
+    tolerance of the eager result."""
     if compiled is None or eager is None:
         assert compiled is None and eager is None, f"{what}: one of compiled and eager is None"
         return
     assert compiled.shape == eager.shape and compiled.dtype == eager.dtype, (
         f"{what}: compiled gives {compiled.dtype}{list(compiled.shape)}, eager {eager.dtype}{list(eager.shape)}")
     if not torch.equal(compiled, eager):
-        diff = (compiled.double() - eager.double()).abs()
-        diff = diff.nan_to_num(float("inf"))
-        raise AssertionError(f"{what}: compiled differs from eager, max |diff| = {diff.max().item():.3g} "
-                             f"at {tuple(torch.nonzero(diff == diff.max())[0].tolist())}")
+        assert_close(f"{what} (compiled vs eager)", compiled, eager.double(), "fp32", "agreement")
 
 
 def _compare_runs(spec: OpSpec, label: str, compiled_fn, sample: Sample, seed: int) -> None:
@@ -211,6 +219,14 @@ def check_compiled_matches_eager(spec: OpSpec, device, seed: int, backend: str =
 # ----------------------------------------------------------------------------- CUDA graphs
 
 
+def _clear_device_caches() -> None:
+    try:
+        from kernels._utils import clear_device_caches
+    except ImportError:  # another implementation's specs
+        return
+    clear_device_caches()
+
+
 def check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int = 3) -> None:
     """``mode="reduce-overhead"``: two calls' outputs alive together are both right, in
     every round (warm-up, recording, replay), with their gradients; an eager call after
@@ -223,6 +239,7 @@ def check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int = 3) -> None:
     _, static = _split(first)
     compiled = _compiled_call(spec, static, "inductor", mode="reduce-overhead")
     before = run_with_grads(spec.op_fn, first, names, seed=seed)
+    _clear_device_caches()  # the compiled calls fill them: inside graphs, were any captured
     for round_ in range(rounds):
         results = []
         for sample in (first, second):
@@ -269,7 +286,7 @@ def _packings(spec, device) -> tuple:
     c = spec.chunk_size or 16
     if torch.device(device).type == "cuda":
         return (3, c + 1, 0, 2 * c), (c - 1, 1, 4, c + 5)
-    return (3, 6, 0, 2), (5, 1, 4, 3)
+    return (2, 3, 0, 1), (3, 1, 2, 2)
 
 
 @over_specs("spec", _one_per_spec())
@@ -280,7 +297,7 @@ def test_opcheck(spec, fla_device):
 
 @over_specs("spec", _one_per_spec(_varlen))
 def test_opcheck_varlen(spec, fla_device):
-    check_opcheck(spec, fla_device, seed_for("opcheck-varlen", spec.name), lengths=(3, 0, 5))
+    check_opcheck(spec, fla_device, seed_for("opcheck-varlen", spec.name), lengths=(2, 0, 3))
 
 
 @over_specs("spec", _one_per_spec())
