@@ -56,6 +56,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch
+from .._arch import COMPILE_OPTIONS
 from .. import _library as library
 from .._chunk import mm, mm_acc
 from .._sequence import sequence_bounds
@@ -501,7 +502,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opti
             q, k, v, o, lse, table, cu_seqlens, scale, window or 0, T, B * T,
             H=H, HKV=HKV, D=D, DV=DV, BM=c.BM, BN=c.BN, BD=block_size(D), BDV=block_size(DV),
             CAUSAL=causal, HAS_WINDOW=window is not None, IS_VARLEN=cu_seqlens is not None,
-            num_warps=c.num_warps, num_stages=c.num_stages,
+            num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     return (o,), (lse,) if keep else ()
 
@@ -518,7 +519,9 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
         return dict(q=dq, k=dk, v=dv)
     delta = empty((H, B * T), torch.float32, q.device)
     BT = max(16, 4096 // BDV)
-    attn_bwd_delta_kernel[(cdiv(B * T, BT), H)](o, do, delta, B * T, H=H, DV=DV, BT=BT, BDV=BDV, num_warps=4)
+    attn_bwd_delta_kernel[(cdiv(B * T, BT), H)](
+        o, do, delta, B * T, H=H, DV=DV, BT=BT, BDV=BDV, num_warps=4, **COMPILE_OPTIONS
+    )
     common = dict(H=H, HKV=HKV, D=D, DV=DV, BD=BD, BDV=BDV, CAUSAL=causal, HAS_WINDOW=window is not None,
                   IS_VARLEN=cu_seqlens is not None)
     c = cfg.dkdv
@@ -526,14 +529,14 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
     if rows > 0:
         attn_bwd_dkdv_kernel[(rows, HKV)](
             q, k, v, do, lse, delta, dk, dv, table, cu_seqlens, scale, window or 0, T, B * T,
-            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages,
+            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     c = cfg.dq
     rows, table = _blocks_grid(B, T, offsets, c.BM, q.device)
     if rows > 0:
         attn_bwd_dq_kernel[(rows, H)](
             q, k, v, do, lse, delta, dq, table, cu_seqlens, scale, window or 0, T, B * T,
-            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages,
+            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     return dict(q=dq, k=dk, v=dv)
 

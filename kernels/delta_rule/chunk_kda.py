@@ -92,6 +92,7 @@ import torch
 import triton
 
 from .. import _arch
+from .._arch import COMPILE_OPTIONS
 from .. import _library as library
 from .._gate_levels import LEVELS
 from .._sequence import state_slots
@@ -139,7 +140,7 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         kda_intra_kernel[(n_chunks * HV,)](
             q, k, v, g, beta, q_in, k_out, w, u, L, P, decay, rq, rk, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, num_warps=cfg.prepare_warps, num_stages=1,
+            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, num_warps=cfg.prepare_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     h = empty((slots, HV, K, V), work, dev)
     vn = empty((B, T, HV, V), work, dev)
@@ -149,14 +150,14 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         k_out, w, u, None, None, initial_state, h, vn, final_state, cu_seqlens, T,
         H=HV, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state, CHANNEL_DECAY=True, decay=decay,
-        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **gates,
+        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **gates, **COMPILE_OPTIONS,
     )
     o = empty((B, T, HV, V), v.dtype, dev)
     if n_chunks > 0:
         output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
             q_in, None, vn, h, None, None, None, o, P, cu_seqlens, chunk_map, T, 1.0,
             H=HV, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=False, GIVEN_P=True,
-            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **gates,
+            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **gates, **COMPILE_OPTIONS,
         )
     saved = dict(q_in=q_in, k_out=k_out, w=w, P=P, L=L, decay=decay, h=h, vn=vn, rq=rq, rk=rk)
     return o, final_state, saved if keep else None
@@ -182,7 +183,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
         cu_seqlens, T, 1.0,
         H=HV, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_grad_BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, CHANNEL_DECAY=True, decay=saved["decay"],
-        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **gates,
+        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **gates, **COMPILE_OPTIONS,
     )
 
     direct = HV == H and not l2norm  # dq, dk need neither a head sum nor the norm's backward
@@ -197,7 +198,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
             q, k, v, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"],
             dq_heads, dk_heads, dv, dbeta, dg, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=_grad_block_k(K), BV=cfg.grad_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, num_warps=cfg.grad_warps, num_stages=1,
+            L2NORM=l2norm, IS_VARLEN=varlen, num_warps=cfg.grad_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     if direct:
         return dq_heads, dk_heads, dv, dg, dbeta, dh0
@@ -207,7 +208,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
     if n_tokens > 0:
         qk_grad_finalize_kernel[(triton.cdiv(n_tokens, BTOK) * H,)](
             q, k, saved["rq"], saved["rk"], dq_heads, dk_heads, dq, dk, n_tokens,
-            H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4,
+            H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4, **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dg, dbeta, dh0
 

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from .. import _library as library
+from .._arch import COMPILE_OPTIONS
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .._utils import cdiv, contiguous, empty
 from ..delta_rule.fused_recurrent import (
@@ -58,14 +59,14 @@ from ._inputs import check_dplr_inputs
 def _load_token(q, k, v, a, b, gk, tok, valid, i_h, o_k, o_v, m_k, m_v,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     """Token tok's q, k, a, b, gk rows and v columns in fp32 (zero where not ``valid``)."""
-    m = m_k & valid
+    m = tl.where(valid, m_k, False)
     row = (tok * H + i_h) * K + o_k
     b_q = tl.load(q + row, mask=m, other=0.0).to(tl.float32)
     b_k = tl.load(k + row, mask=m, other=0.0).to(tl.float32)
     b_a = tl.load(a + row, mask=m, other=0.0).to(tl.float32)
     b_b = tl.load(b + row, mask=m, other=0.0).to(tl.float32)
     b_g = tl.load(gk + row, mask=m, other=0.0).to(tl.float32)
-    b_v = tl.load(v + (tok * H + i_h) * V + o_v, mask=m_v & valid, other=0.0).to(tl.float32)
+    b_v = tl.load(v + (tok * H + i_h) * V + o_v, mask=tl.where(valid, m_v, False), other=0.0).to(tl.float32)
     return b_q, b_k, b_a, b_b, b_g, b_v
 
 
@@ -155,6 +156,7 @@ def dplr_fused_bwd_kernel(
     o_kv = o_k[:, None] * V + o_v[None, :]
     # this program's scratch: C tiles [BK, BV], written and read back by this program only
     p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    whole_tile = tl.full([BK, BV], True, tl.int1)
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -185,8 +187,9 @@ def dplr_fused_bwd_kernel(
             tok = bos + t0 + i
             b_q, b_k, b_a, b_b, b_g, b_v, b_do, S = nq, nk, na, nb, ng, nv, ndo, nS  # S = S_{t-1}
             nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok - 1, i > 0, i_h, o_k, o_v, m_k, m_v, H, K, V)
-            ndo = tl.load(do + ((tok - 1) * H + i_h) * V + o_v, mask=m_v & (i > 0), other=0.0).to(tl.float32)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=(o_k >= 0)[:, None] & (i > 0), other=0.0)
+            ndo = tl.load(do + ((tok - 1) * H + i_h) * V + o_v, mask=tl.where(i > 0, m_v, False),
+                          other=0.0).to(tl.float32)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
             b_q = b_q * scale
             b_d = tl.exp(b_g)
             b_p = tl.sum(S * b_a[:, None], 0)
@@ -262,7 +265,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
             q, k, v, a, b, gk, o, initial_state, ht, ckpt, cu_seqlens, scale, T,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     return (o, ht), (ckpt,)
 
@@ -288,13 +291,15 @@ def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seq
         dplr_fused_bwd_kernel[(n_programs,)](
             q, k, v, a, b, gk, do, dht, ckpt, scratch, cu_seqlens, *parts, dv, dh0, scale, T, NTOK,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
-            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1,
+            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     grads = [empty(t.shape, t.dtype, device) for t in (q, k, a, b, gk)]
     n_rows = NTOK * H
     BR = max(2048 // BK, 1)
     if n_rows > 0:
-        dplr_fused_reduce_kernel[(cdiv(n_rows, BR),)](*parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4)
+        dplr_fused_reduce_kernel[(cdiv(n_rows, BR),)](
+            *parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4, **COMPILE_OPTIONS
+        )
     dq, dk, da, db, dg = grads
     return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)
 
