@@ -1,4 +1,4 @@
-"""Triton kernels for linear attention and the modules around it (contract: OPS.md).
+"""Triton kernels for linear attention and the modules around it (contract: docs/ops.md).
 
 Every op validates its inputs before launching (``kernels._validate``), returns
 ``(o, final_state)`` for the recurrent families, and has its backward in Triton.
@@ -15,3 +15,8 @@ from .rotary import RotaryEmbedding, apply_rotary, rotary_embedding
 from .simple_gla.chunk import chunk_linear_attn, chunk_retention, chunk_simple_gla  # noqa: E402
 from .gla.chunk import chunk_gla  # noqa: E402
 from .delta_rule.fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda  # noqa: E402
+from .dplr.fused_recurrent import fused_recurrent_dplr_delta_rule, fused_recurrent_rwkv7  # noqa: E402
+from .attention import parallel_attn  # noqa: E402
+from .hgrn.chunk import chunk_hgrn  # noqa: E402
+from .hgrn.fused_recurrent import fused_recurrent_hgrn  # noqa: E402
+from .rwkv6.ops import chunk_rwkv6, fused_recurrent_rwkv6  # noqa: E402

@@ -14,7 +14,9 @@ with ``L_i`` the sum of ``g`` over i's block up to ``i`` and ``R_j`` the sum ove
 after ``j``. So each level is one tensor-core product of ``x ⊙ e^{L}`` on right rows and
 ``y ⊙ e^{R}`` on left rows, masked to the level's pairs. :func:`next_level_sums` builds
 the sums of the next level by adding the sibling block's total, never subtracting; after
-the last level ``L = G`` and ``R = G_last - G``. Used by ``kernels/gla/chunk.py`` (whose
+the last level ``L = G`` and ``R = G_last - G``; :func:`next_level_sums_exclusive` keeps
+``X = L - g`` instead of ``L`` (a query reading the state before its own token, rwkv6),
+ending at ``X = G - g``. Used by ``kernels/gla/chunk.py`` (whose
 docstring derives it) and ``kernels/delta_rule/chunk_kda.py``.
 """
 
@@ -42,11 +44,27 @@ def next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.c
     sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
     value stays a sum of same-sign terms: no cancellation, however large the decay.
     """
+    total = _sibling_total(L, right, level, BT, BD)
+    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def next_level_sums_exclusive(X, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """:func:`next_level_sums` with the right rows' sums exclusive of their own row:
+    ``X_i = L_i - g_i``, the sum of ``g`` over i's block *before* ``i``, for a query that
+    reads the state before its token's update (rwkv6). The sibling's total is ``X + g`` at
+    its last row (two terms of one sign), so every value is still a same-sign sum."""
+    total = _sibling_total(X + g, right, level, BT, BD)
+    return X + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def _sibling_total(L, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``L`` at the last row of each row's sibling block: the sibling's sum of ``g``."""
     s: tl.constexpr = 1 << level
     rows = tl.arange(0, BT)[:, None]
     sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
-    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+    return tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
 
 
 @triton.jit

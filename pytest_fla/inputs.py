@@ -5,7 +5,7 @@ turns that into the ``OpSpec.factory`` callable. Layouts are tuples of dim names
 (``("B", "T", "H", "K")``) resolved against the case's dims, with ``N`` the number of
 sequences (``B``, or the number of packed sequences under ``cu_seqlens``).
 
-Distributions (OPS.md, "Realistic inputs"): gates are ``logsigmoid(randn) / normalizer``;
+Distributions (the contract's realistic inputs, ``docs/ops.md``): gates are ``logsigmoid(randn) / normalizer``;
 ``realistic`` uses normalizer 8 (a few percent decay per step), ``strong_decay`` 0.01
 (per-step log gates down to about -500: naive chunk forms overflow ``exp``),
 ``weak_decay`` 64. Everything is drawn on the CPU from one seeded generator, then moved,
@@ -15,7 +15,9 @@ so a sample is the same on every device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -29,17 +31,27 @@ GATE_NORMALIZER = {"realistic": 8.0, "strong_decay": 0.01, "weak_decay": 64.0}
 class Arg:
     """One tensor argument: its layout and how its values are drawn.
 
+    ``layout`` names each dim (``("B", "T", "H", "K")``); names are free except ``B``,
+    ``T`` and ``N``, which the checks read (see :mod:`pytest_fla.spec`).
+
     kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
     ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per
     head, ``log(1 - 2^(-5-h))`` scaled by the distribution), ``beta`` (``sigmoid(randn)``),
-    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn).
+    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn),
+    ``rwkv_decay`` (RWKV-7's log decay ``-e^{-1/2} sigmoid(randn)``, scaled like ``head_gate``).
     ``optional`` arguments are drawn only when the case's options switch them on.
+    ``times`` couples an argument to another: the drawn values are multiplied elementwise
+    by those of the named argument (declared earlier, same shape), then by ``scale``;
+    e.g. RWKV-7's ``a = -kk``, ``b = kk * sigmoid(randn)`` is ``Arg(.., "unit", scale=-1)``
+    and ``Arg(.., "beta", times="a", scale=-1)``.
     """
 
     layout: tuple[str, ...]
     kind: str = "normal"
     optional: bool = False
     float32: bool = False  # drawn in float32 whatever the sample's dtype
+    times: str | None = None
+    scale: float = 1.0
 
 
 def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
@@ -60,6 +72,8 @@ def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
         return torch.sigmoid(x)
     if kind == "positive":
         return 1.0 + 0.1 * x
+    if kind == "rwkv_decay":
+        return -math.exp(-0.5) * torch.sigmoid(x) * (8.0 / GATE_NORMALIZER[dist])
     raise ValueError(f"unknown argument kind {kind!r}")
 
 
@@ -82,31 +96,54 @@ def cu_seqlens_for(lengths, dtype=torch.int64) -> torch.Tensor:
     return torch.tensor(offsets, dtype=dtype)
 
 
-def make_factory(args: Mapping[str, Arg], extra: Callable[[Case, dict], dict] | None = None):
+def make_factory(
+    args: Mapping[str, Arg],
+    extra: Callable[[Case, dict], dict] | None = None,
+    *,
+    prepare: Callable[[Case], Case] | None = None,
+    finish: Callable[[Case, Sample, Any, torch.Generator], None] | None = None,
+    drop: tuple[str, ...] = (),
+):
     """An ``OpSpec.factory`` drawing ``args`` for a case.
 
     Case options whose name is an optional argument switch it on (``initial_state=True``);
-    every other option is passed to the op as a keyword (``output_final_state=True``).
-    ``extra(case, dims)`` may add keyword arguments computed from the dims.
+    every other option is passed to the op as a keyword (``output_final_state=True``),
+    except the factory switches named in ``drop``. Hooks, for ops whose inputs are more
+    than independent draws: ``prepare(case) -> case`` before drawing (derive a dim or an
+    option), ``extra(case, dims) -> kwargs`` to add arguments computed from the dims,
+    ``finish(case, sample, lengths, gen)`` to edit the drawn sample in place (``case`` as
+    given, before ``prepare``).
     """
 
     def factory(case: Case, dtype, device, gen, lengths) -> Sample:
+        original = case
+        if prepare is not None:
+            case = prepare(case)
         dims = resolve_dims(case, lengths)
         kwargs: dict = {}
+        drawn: dict = {}  # float64 values, for the arguments coupled to them (``times``)
         for name, arg in args.items():
             if arg.optional and not case.options.get(name, False):
                 continue
             shape = tuple(dims[d] for d in arg.layout)
             values = draw(arg.kind, shape, gen, case.dist)
-            target = torch.float32 if (arg.float32 or arg.kind == "state") else dtype
+            if arg.times is not None:
+                values = values * drawn[arg.times]
+            if arg.scale != 1.0:
+                values = values * arg.scale
+            drawn[name] = values
+            target = torch.float32 if (arg.float32 or arg.kind == "state") and dtype != torch.float64 else dtype
             kwargs[name] = values.to(target).to(device)
         for key, value in case.options.items():
-            if key not in args:
+            if key not in args and key not in drop:
                 kwargs[key] = value
         if extra is not None:
             kwargs.update(extra(case, dims))
         if lengths is not None:
             kwargs["cu_seqlens"] = cu_seqlens_for(lengths).to(device)
-        return Sample(kwargs)
+        sample = Sample(kwargs)
+        if finish is not None:
+            finish(original, sample, lengths, gen)
+        return sample
 
     return factory

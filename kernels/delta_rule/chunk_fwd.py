@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._utils import empty
 from .._chunk import (
     chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, rows_tile_t, state_piece_load, store_state_pieces,
@@ -69,7 +70,7 @@ def prepare_wy_kernel(
     if L2NORM:
         b_rk = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         # every value head of the group computes the same norms; the first one stores them
-        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=valid & (i_hv % (HV // H) == 0))
+        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=tl.where(i_hv % (HV // H) == 0, valid, False))
         b_A = b_A * b_rk[:, None] * b_rk[None, :]
         b_kscale = b_kscale * b_rk
 
@@ -227,7 +228,7 @@ def output_kernel(
             b_ss += tl.sum(b_qf * b_qf, axis=1)
         b_rq = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         first = (i_v == 0) & (i_hv % (HV // H) == 0)
-        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=valid & first)
+        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=tl.where(first, valid, False))
         b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
         b_o = b_o * b_rq[:, None]
         b_A = b_A * b_rq[:, None] * b_rk[None, :]
@@ -275,7 +276,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         prepare_wy_kernel[(n_chunks * HV,)](
             k, v, g, beta, L, w, u, G, rk, cu_seqlens, chunk_map, T,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, STORE_L=keep_for_backward,
-            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags,
+            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags, **COMPILE_OPTIONS,
         )
 
     h = empty((state_slots(num_seqs, T, num_seqs, CHUNK, varlen), HV, K, V), dt, q.device)
@@ -285,7 +286,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         k, w, u, G, rk, initial_state, h, vn, final_state, cu_seqlens, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
-        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
+        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags, **COMPILE_OPTIONS,
     )
 
     o = empty((B, T, HV, V), v.dtype, q.device)
@@ -294,7 +295,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
             q, k, vn, h, G, rk, rq, o, P, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=keep_for_backward,
-            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags,
+            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags, **COMPILE_OPTIONS,
         )
     saved = dict(G=G, L=L, P=P, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
     return o, final_state, saved

@@ -1,6 +1,6 @@
 r"""Chunked Kimi delta attention: ``chunk_kda``, forward and backward in Triton.
 
-Recurrence (per value head; OPS.md), state ``S`` [K, V], per-channel log decay ``g_t``::
+Recurrence (per value head; docs/ops.md), state ``S`` [K, V], per-channel log decay ``g_t``::
 
     S' = diag(e^{g_t}) S_{t-1},   S_t = (I - b_t k_t k_t^T) S' + b_t k_t v_t^T,   o_t = S_t^T (scale q_t)
 
@@ -88,14 +88,19 @@ value block) on axis 0; offsets are 64-bit; configs come from the target arch.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 
 from .. import _arch
+from .._arch import COMPILE_OPTIONS
+from .. import _library as library
 from .._gate_levels import LEVELS
 from .._sequence import state_slots
-from .._utils import chunk_map as build_chunk_map, empty
+from .._utils import contiguous, empty
 from ._chunk_common import CHUNK, choose_configs
+from .chunk import chunk_table
 from .chunk_bwd import qk_grad_finalize_kernel, state_grad_kernel
 from .chunk_fwd import output_kernel, state_pass_kernel
 from .chunk_kda_kernels import kda_grad_keys_kernel, kda_grad_matrices_kernel, kda_intra_kernel
@@ -132,7 +137,7 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         kda_intra_kernel[(n_chunks * HV,)](
             q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, num_warps=cfg.prepare_warps, num_stages=1,
+            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, num_warps=cfg.prepare_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     h = empty((slots, HV, K, V), work, dev)
     vn = empty((B, T, HV, V), work, dev)
@@ -142,14 +147,14 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         k_out, w, u, None, None, initial_state, h, vn, final_state, cu_seqlens, T,
         H=HV, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state, CHANNEL_DECAY=True, decay=decay,
-        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **gates,
+        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **gates, **COMPILE_OPTIONS,
     )
     o = empty((B, T, HV, V), v.dtype, dev)
     if n_chunks > 0:
         output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
             q_in, None, vn, h, None, None, None, o, P, cu_seqlens, chunk_map, T, 1.0,
             H=HV, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=False, GIVEN_P=True,
-            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **gates,
+            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **gates, **COMPILE_OPTIONS,
         )
     saved = dict(q_in=q_in, k_out=k_out, w=w, P=P, L=L, KK=KK, decay=decay, h=h, vn=vn, rq=rq, rk=rk)
     return o, final_state, saved if keep else None
@@ -175,7 +180,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
         cu_seqlens, T, 1.0,
         H=HV, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_grad_BV,
         USE_DHT=dht is not None, STORE_DH0=dh0 is not None, CHANNEL_DECAY=True, decay=saved["decay"],
-        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **gates,
+        num_warps=cfg.state_grad_warps, num_stages=cfg.state_grad_stages, **gates, **COMPILE_OPTIONS,
     )
 
     direct = HV == H and not l2norm  # dq, dk need neither a head sum nor the norm's backward
@@ -191,13 +196,13 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
         dA = empty((B, T, HV, BT), work, dev)
         kda_grad_matrices_kernel[(n_chunks * HV,)](
             k, v, g, beta, saved["L"], saved["KK"], h, saved["vn"], dvn, do, saved["rk"], dPs, dA, dv, dbeta,
-            cu_seqlens, chunk_map, T, scale, BK=cfg.grad_BK, num_warps=cfg.grad_warps, num_stages=1, **common,
+            cu_seqlens, chunk_map, T, scale, BK=cfg.grad_BK, num_warps=cfg.grad_warps, num_stages=1, **common, **COMPILE_OPTIONS,
         )
         BK = cfg.grad_BK
         kda_grad_keys_kernel[(n_chunks * HV * triton.cdiv(K, BK),)](
             q, k, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"], dPs, dA,
             dq_heads, dk_heads, dg, cu_seqlens, chunk_map, T, scale,
-            BK=BK, LEVELS=LEVELS, num_warps=cfg.grad_warps, num_stages=1, **common,
+            BK=BK, LEVELS=LEVELS, num_warps=cfg.grad_warps, num_stages=1, **common, **COMPILE_OPTIONS,
         )
     if direct:
         return dq_heads, dk_heads, dv, dg, dbeta, dh0
@@ -207,34 +212,37 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
     if n_tokens > 0:
         qk_grad_finalize_kernel[(triton.cdiv(n_tokens, BTOK) * H,)](
             q, k, saved["rq"], saved["rk"], dq_heads, dk_heads, dq, dk, n_tokens,
-            H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4,
+            H=H, HV=HV, K=K, BTOK=BTOK, BK=cfg.BK_full, L2NORM=l2norm, num_warps=4, **COMPILE_OPTIONS,
         )
     return dq, dk, dv, dg, dbeta, dh0
 
 
-class _ChunkKDA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map,
-                num_seqs, l2norm, keep):
-        o, final_state, saved = kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                        chunk_map, num_seqs, l2norm, keep)
-        if keep:
-            names = sorted(n for n, t in saved.items() if t is not None)
-            ctx.save_for_backward(q, k, v, g, beta, initial_state, *(saved[n] for n in names))
-            ctx.saved_names = names
-            ctx.args = (scale, cu_seqlens, chunk_map, num_seqs, l2norm)
-        return o, final_state
+# what the forward keeps for the backward, in the order the ops pass it
+SAVED = ("L", "P", "decay", "h", "k_out", "q_in", "rk", "rq", "vn", "w")
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, *rest = ctx.saved_tensors
-        saved = dict.fromkeys(("rq", "rk"))
-        saved.update(zip(ctx.saved_names, rest))
-        scale, cu_seqlens, chunk_map, num_seqs, l2norm = ctx.args
-        grads = kda_bwd(q, k, v, g, beta, scale, initial_state, do.contiguous(),
-                        dht.contiguous() if dht is not None else None, cu_seqlens, chunk_map, num_seqs, l2norm, saved)
-        dq, dk, dv, dg, dbeta, dh0 = grads
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None, None
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, l2norm: bool,
+             *, keep, offsets):
+    """The forward launches; returns ``((o, final state or None), what the backward reads)``."""
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
+    table, N = chunk_table(q, cu_seqlens, offsets)
+    o, final_state, saved = kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                    table, N, l2norm, keep)
+    return (o, final_state), tuple(saved[n] for n in SAVED) if keep else ()
+
+
+def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, l2norm, *, offsets):
+    q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
+    table, N = chunk_table(q, cu_seqlens, offsets)
+    dq, dk, dv, dg, dbeta, dh0 = kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, table, N,
+                                         l2norm, dict(zip(SAVED, saved)))
+    return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
+
+
+CHUNK_KDA = library.register(OP, _forward, _backward)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -251,14 +259,6 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     offsets = _validate_inputs(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                                use_qk_l2norm_in_kernel, GATE_CHANNEL)
     _arch.require_arch(OP, 80, _arch.SM75_TILES)
-    N = q.shape[0] if offsets is None else offsets.numel() - 1
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
-    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    # what the backward reads is kept only when a backward can follow (not under no_grad)
-    keep = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
-    )
-    return _ChunkKDA.apply(q, k, v, g, beta, scale, initial_state, bool(output_final_state), cu_seqlens, table, N,
-                           use_qk_l2norm_in_kernel, keep)
+    return CHUNK_KDA(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, bool(output_final_state),
+                     use_qk_l2norm_in_kernel, offsets=offsets)

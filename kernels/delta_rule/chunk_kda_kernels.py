@@ -54,8 +54,7 @@ def kda_intra_kernel(
         b_rq = 1.0 / tl.sqrt(ss_q + L2NORM_EPS)
         b_rk = 1.0 / tl.sqrt(ss_k + L2NORM_EPS)
         # every value head of the group computes the same norms; the first one stores them
-        # (a [BT] comparison: Triton 3.9 rejects a mask broadcast from a scalar condition)
-        first = valid & ((rows * 0 + i_hv % (HV // H)) == 0)
+        first = tl.where(i_hv % (HV // H) == 0, valid, False)
         tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=first)
         tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=first)
 

@@ -3,7 +3,7 @@
 Each is checked against its fused-recurrent form (``agrees_with``; those specs live in
 ``delta_rule_recurrent.py``).
 
-Keys are L2-normalised as callers normally do (OPS.md); ``use_qk_l2norm_in_kernel`` cases
+Keys are L2-normalised as callers normally do (docs/ops.md); ``use_qk_l2norm_in_kernel`` cases
 also normalise inside the kernels. The gated rules are checked with grouped value heads
 (HV = 2 H, 4 H) and under strong decay (per-channel for kda).
 """
