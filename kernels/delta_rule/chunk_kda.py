@@ -218,7 +218,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
 
 
 # what the forward keeps for the backward, in the order the ops pass it
-SAVED = ("L", "P", "decay", "h", "k_out", "q_in", "rk", "rq", "vn", "w")
+SAVED = ("KK", "L", "P", "decay", "h", "k_out", "q_in", "rk", "rq", "vn", "w")
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
