@@ -139,6 +139,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch, _utils
+from .._levels import level_pairs as _level_pairs, next_level_sums as _next_level_sums, right_half as _right_half
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
@@ -205,39 +206,6 @@ def _load_rows(ptr, nrows, row_stride: tl.constexpr, col0, ncols: tl.constexpr, 
 def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.constexpr, BV: tl.constexpr):
     """Pointers and mask of the ``[BK, BV]`` block at (k0, v0) of state ``i_state`` ([K, V])."""
     return _tile(ptr + i_state.to(tl.int64) * (K * V) + k0 * V, K - k0, V, v0, V, BK, BV)
-
-
-@triton.jit
-def _right_half(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
-    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
-
-
-@triton.jit
-def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """In-block gate sums at ``level + 1`` from those at ``level``.
-
-    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
-    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
-    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
-    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
-    value stays a sum of same-sign terms: no cancellation, however large the decay.
-    """
-    s: tl.constexpr = 1 << level
-    rows = tl.arange(0, BT)[:, None]
-    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
-    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
-
-
-@triton.jit
-def _level_pairs(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
-    j in the first half of the same block of ``2 * 2**level`` rows."""
-    s: tl.constexpr = 1 << level
-    bi = tl.arange(0, BT)[:, None] // s
-    bj = tl.arange(0, BT)[None, :] // s
-    return (bi - bj == 1) & (bj % 2 == 0)
 
 
 # --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .common import STATE, Arg, Case, linear_attention_errors, linear_attention_spec
+from .common import SM80_AND_NEWER, STATE, Arg, Case, linear_attention_errors, linear_attention_spec
 
 # a = -kk, b = kk * sigmoid(randn) with kk a unit vector: the rank-one term b a^T is
 # -sigmoid * kk kk^T, a delta-rule-like erase along kk
@@ -57,6 +57,17 @@ RECURRENT_CASES = (
 COMPILE = tuple(
     Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "K": d, "V": d}, options=WITH_STATE) for d in (64, 128)
 )
+# CPU sizes for the chunked kernels: two chunks with a ragged second one (T = 80), V not a
+# power of two, K = 32 (one key block of the level kernels)
+CHUNK_SMALL = {"B": 1, "T": 80, "H": 2, "K": 32, "V": 24}
+CHUNK_CASES = (
+    Case("state", CHUNK_SMALL, options=WITH_STATE, gpu_dims=GPU),
+    Case("strong_decay", {**CHUNK_SMALL, "H": 1}, dist="strong_decay", options=WITH_STATE,
+         gpu_dims={**GPU, "T": 1024, "K": 64, "V": 64}),
+    Case("wide", {"B": 1, "T": 70, "H": 1, "K": 48, "V": 40}, options=WITH_STATE,
+         gpu_dims={**GPU, "K": 96, "V": 200}, checks=("forward", "backward")),
+    Case("realistic_large", CHUNK_SMALL, gpu_dims=LARGE, checks=("forward",)),
+)
 RECURRENT_GRADS = ("q", "k", "v", "a", "b", "gk", "initial_state")
 RWKV7_GRADS = ("r", "w", "k", "v", "a", "b", "initial_state")
 
@@ -69,6 +80,14 @@ def rwkv7_spec(name, cases, **fields):
 
 
 SPECS = [
+    linear_attention_spec(
+        "chunk_dplr_delta_rule", "dplr_delta_rule", DPLR_ARGS, CHUNK_CASES, grads=RECURRENT_GRADS,
+        chunk_size=64, agrees_with="fused_recurrent_dplr_delta_rule", compile_cases=COMPILE, min_arch=SM80_AND_NEWER,
+    ),
+    rwkv7_spec(
+        "chunk_rwkv7", CHUNK_CASES, chunk_size=64, agrees_with="fused_recurrent_rwkv7", compile_cases=COMPILE,
+        min_arch=SM80_AND_NEWER,
+    ),
     linear_attention_spec(
         "fused_recurrent_dplr_delta_rule", "dplr_delta_rule", DPLR_ARGS, RECURRENT_CASES,
         grads=RECURRENT_GRADS, compile_cases=COMPILE,
