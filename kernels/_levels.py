@@ -15,6 +15,10 @@ The factors are in-block sums of ``g`` built level by level without subtraction
 after ``j``); after the last level ``L = G`` and ``R = G_last - G``. A row that reads the
 state *before* its own step (``G_{i-1}``) keeps an exclusive ``Lx`` that starts at 0 and
 takes the same sibling totals (:func:`sibling_totals`).
+
+``level`` may be a compile-time constant (``tl.static_range``: unrolled) or a loop
+variable (``range``: the body compiles once, which keeps the compile time of kernels
+with many products per level down).
 """
 
 from __future__ import annotations
@@ -24,23 +28,23 @@ import triton.language as tl
 
 
 @triton.jit
-def right_half(level: tl.constexpr, BT: tl.constexpr):
+def right_half(level, BT: tl.constexpr):
     """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
     return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
 
 
 @triton.jit
-def sibling_totals(L, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def sibling_totals(L, right, level, BT: tl.constexpr, BD: tl.constexpr):
     """``[BT, BD]``: for each row, the total of ``g`` over its sibling block at ``level``
     (``L`` at the sibling's last row)."""
-    s: tl.constexpr = 1 << level
+    s = 1 << level
     rows = tl.arange(0, BT)[:, None]
     sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
     return tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
 
 
 @triton.jit
-def next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def next_level_sums(L, R, right, level, BT: tl.constexpr, BD: tl.constexpr):
     """In-block gate sums at ``level + 1`` from those at ``level``.
 
     At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
@@ -54,10 +58,10 @@ def next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.c
 
 
 @triton.jit
-def level_pairs(level: tl.constexpr, BT: tl.constexpr):
+def level_pairs(level, BT: tl.constexpr):
     """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
     j in the first half of the same block of ``2 * 2**level`` rows."""
-    s: tl.constexpr = 1 << level
+    s = 1 << level
     bi = tl.arange(0, BT)[:, None] // s
     bj = tl.arange(0, BT)[None, :] // s
     return (bi - bj == 1) & (bj % 2 == 0)

@@ -153,15 +153,18 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     BK_full = max(32, block_size(K))
     BV_full = max(32, block_size(V))
     BKS = min(64, BK_full)
-    big = BK_full > 128 or work == torch.float32
+    wide = work == torch.float32
+    big = BK_full > 128 or wide
     return Configs(
         BT=CHUNK, work=work, BKS=BKS, NKS=BK_full // BKS,
-        intra_BK=32, intra_BV=min(64, BV_full), intra_warps=4,
+        intra_BK=32, intra_BV=min(64, BV_full), intra_warps=8,
         state_BV=min(32, BV_full), state_warps=4,
         state_stages=1 if (smem < 150_000 or big) else 2,
         out_BK=min(64, BK_full), out_BV=min(64, BV_full), out_warps=4, out_stages=1 if smem < 150_000 else 2,
-        score_BK=min(64, BK_full), score_BV=min(64, BV_full), score_warps=4,
-        grad_BK=32, grad_BV=min(64, BV_full), grad_warps=4,
+        # fp32 operands stage twice the bytes of bf16 ones in shared memory (200 KB at 64-wide
+        # blocks, 112 KB at 32: over the 100 KB parts)
+        score_BK=32 if wide else min(64, BK_full), score_BV=16 if wide else min(64, BV_full), score_warps=8,
+        grad_BK=32, grad_BV=min(64, BV_full), grad_warps=8,
     )
 
 

@@ -113,9 +113,6 @@ def score_grad_kernel(
     rows = tl.arange(0, BT)
     dh_base = dh + (slot * H + i_h) * K * V
 
-    b_L = rows_tile(Lmat + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
-    b_M = rows_tile(M + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
-    b_Aqk = rows_tile(A_qk + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
     b_dqk = tl.zeros([BT, BT], dtype=tl.float32)
     b_dqb = tl.zeros([BT, BT], dtype=tl.float32)
     b_dak = tl.zeros([BT, BT], dtype=tl.float32)
@@ -125,6 +122,11 @@ def score_grad_kernel(
         b_u = rows_tile(u + row0 * V, n_valid, H * V, V, i_v * BV, BT, BV)
         b_v = rows_tile(v + row0 * V, n_valid, H * V, V, i_v * BV, BT, BV).to(DT)
         b_du = rows_tile(du + row0 * V, n_valid, H * V, V, i_v * BV, BT, BV)
+        # loaded per value block: held across the loop, the three [BT, BT] operands (and the
+        # split halves of fp32 ones) overflow the 100 KB parts' shared memory
+        b_L = rows_tile(Lmat + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
+        b_M = rows_tile(M + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
+        b_Aqk = rows_tile(A_qk + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
         b_dY = mm(tl.trans(b_L), b_du).to(DT)
         rows_tile_store(dY + row0 * V, b_dY, n_valid, H * V, V, i_v * BV, BT, BV)
         b_dqk += mm(b_do, tl.trans(b_v))

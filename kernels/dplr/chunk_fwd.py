@@ -80,7 +80,7 @@ def intra_fwd_kernel(
         L = b_g
         Lx = tl.zeros([BT, BK], dtype=tl.float32)
         R = tl.zeros([BT, BK], dtype=tl.float32)
-        for level in tl.static_range(LEVELS):
+        for level in range(LEVELS):
             right = right_half(level, BT)
             pairs = level_pairs(level, BT)
             q_s, a_s, k_s = level_operands(b_q, b_a, b_k, L, Lx, R, right)

@@ -52,17 +52,25 @@ from ._inputs import check_dplr_inputs, needs_grad
 
 
 @triton.jit
-def _load_token(q, k, v, a, b, gk, tok, valid, i_h, o_k, o_v, m_k, m_v,
+def _inside(offs, tok, lo, hi):
+    """``[len(offs)]`` booleans: whether token ``tok`` lies in ``[lo, hi)`` (a tensor mask
+    even where the bounds are plain integers, as every Triton interpreter accepts)."""
+    t = offs * 0 + tok
+    return (t >= lo) & (t < hi)
+
+
+@triton.jit
+def _load_token(q, k, v, a, b, gk, tok, lo, hi, i_h, o_k, o_v, m_k, m_v,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """Token tok's q, k, a, b, gk rows and v columns in fp32 (zero where not ``valid``)."""
-    m = m_k & valid
+    """Token tok's q, k, a, b, gk rows and v columns in fp32 (zero unless lo <= tok < hi)."""
+    m = m_k & _inside(o_k, tok, lo, hi)
     row = (tok * H + i_h) * K + o_k
     b_q = tl.load(q + row, mask=m, other=0.0).to(tl.float32)
     b_k = tl.load(k + row, mask=m, other=0.0).to(tl.float32)
     b_a = tl.load(a + row, mask=m, other=0.0).to(tl.float32)
     b_b = tl.load(b + row, mask=m, other=0.0).to(tl.float32)
     b_g = tl.load(gk + row, mask=m, other=0.0).to(tl.float32)
-    b_v = tl.load(v + (tok * H + i_h) * V + o_v, mask=m_v & valid, other=0.0).to(tl.float32)
+    b_v = tl.load(v + (tok * H + i_h) * V + o_v, mask=m_v & _inside(o_v, tok, lo, hi), other=0.0).to(tl.float32)
     return b_q, b_k, b_a, b_b, b_g, b_v
 
 
@@ -106,12 +114,12 @@ def dplr_fused_fwd_kernel(
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
-    nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, bos, seq_len > 0, i_h, o_k, o_v, m_k, m_v, H, K, V)
+    nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, bos, bos, bos + seq_len, i_h, o_k, o_v, m_k, m_v, H, K, V)
     for t in range(0, seq_len):
         tok = bos + t
         b_q, b_k, b_a, b_b, b_g, b_v = nq, nk, na, nb, ng, nv
         # the next token's loads are issued before this step's arithmetic
-        nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok + 1, t + 1 < seq_len, i_h, o_k, o_v, m_k, m_v,
+        nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok + 1, bos, bos + seq_len, i_h, o_k, o_v, m_k, m_v,
                                              H, K, V)
         if SAVE_CKPT:
             if t % C == 0:
@@ -163,27 +171,30 @@ def dplr_fused_bwd_kernel(
         t0 = c * C
         seg_len = tl.minimum(seq_len - t0, C)
         S = tl.load(ckpt + ((first_slot + c) * H + i_h) * K * V + o_kv, mask=m_kv, other=0.0)
+        lo = bos + t0
+        hi = lo + seg_len
         # replay the segment with the forward's own step, keeping every S_{t-1}
-        nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, bos + t0, True, i_h, o_k, o_v, m_k, m_v, H, K, V)
+        nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, lo, lo, hi, i_h, o_k, o_v, m_k, m_v, H, K, V)
         for i in range(0, seg_len):
             b_q, b_k, b_a, b_b, b_g, b_v = nq, nk, na, nb, ng, nv
-            nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, bos + t0 + i + 1, i + 1 < seg_len, i_h,
-                                                 o_k, o_v, m_k, m_v, H, K, V)
+            nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, lo + i + 1, lo, hi, i_h, o_k, o_v, m_k, m_v,
+                                                 H, K, V)
             tl.store(p_scratch + i * BK * BV, S)
             S, _, _, _ = _step(S, b_q, b_k, b_a, b_b, b_g, b_v)
         tl.debug_barrier()
         # walk the segment backwards, loading the previous token's inputs and state ahead
         tok = bos + t0 + seg_len - 1
-        nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok, True, i_h, o_k, o_v, m_k, m_v, H, K, V)
+        nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok, lo, hi, i_h, o_k, o_v, m_k, m_v, H, K, V)
         ndo = tl.load(do + (tok * H + i_h) * V + o_v, mask=m_v, other=0.0).to(tl.float32)
         nS = tl.load(p_scratch + (seg_len - 1) * BK * BV)
         for i_rev in range(0, seg_len):
             i = seg_len - 1 - i_rev
             tok = bos + t0 + i
             b_q, b_k, b_a, b_b, b_g, b_v, b_do, S = nq, nk, na, nb, ng, nv, ndo, nS  # S = S_{t-1}
-            nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok - 1, i > 0, i_h, o_k, o_v, m_k, m_v, H, K, V)
-            ndo = tl.load(do + ((tok - 1) * H + i_h) * V + o_v, mask=m_v & (i > 0), other=0.0).to(tl.float32)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=(o_k >= 0)[:, None] & (i > 0), other=0.0)
+            nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok - 1, lo, hi, i_h, o_k, o_v, m_k, m_v, H, K, V)
+            ndo = tl.load(do + ((tok - 1) * H + i_h) * V + o_v, mask=m_v & _inside(o_v, tok - 1, lo, hi),
+                          other=0.0).to(tl.float32)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=_inside(o_k, tok - 1, lo, hi)[:, None], other=0.0)
             b_q = b_q * scale
             b_d = tl.exp(b_g)
             b_p = tl.sum(S * b_a[:, None], 0)
