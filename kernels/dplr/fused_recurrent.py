@@ -336,7 +336,7 @@ def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state
     q, k, a, b, gk [B, T, H, K]; v [B, T, H, V]; ``o_t = S_t^T (scale q_t)``, scale
     defaulting to K^-0.5. initial_state [N, H, K, V] float32; returns (o, final_state or
     None). ``cu_seqlens`` (with ``cu_seqlens_cpu`` to skip the host sync) packs N sequences
-    into B = 1.
+    into B = 1. K and V up to 128.
     """
     return _run("fused_recurrent_dplr_delta_rule", {}, q, k, v, a, b, gk, scale, initial_state,
                 output_final_state, cu_seqlens, cu_seqlens_cpu)
