@@ -1,13 +1,29 @@
 """Time every op against the peer library (fla-core) on one GPU, in one run.
 
-    python benchmarks/bench.py [--ops chunk_gla,l2norm] [--warm 8] [--out benchmarks/results/NAME]
+    python benchmarks/bench.py [--ops chunk_gla,l2norm] [--rounds 5] [--warm 16] [--out DIR/NAME] [--resume]
 
-For each op: forward and forward+backward medians (``triton.testing.do_bench``, median of
-repeated runs after warm-up, on random inputs), ours and the peer's in the same process,
-and their ratio (peer / ours: above 1 means ours is faster). Bandwidth-bound ops also get
-the memory floor: the bytes they must move once, over the device-to-device copy bandwidth
-measured at the start of the run. Ops missing on either side are reported as such.
-Results go to ``<out>.json`` and ``<out>.md``; the table is printed last.
+Both sides get the same input tensors and do the same work: the same gates (each under
+the name its side declares: a keyword the callee does not declare is an error here, never
+swallowed by a ``**kwargs``), the same learnable weights with their gradients, the same
+options (the peer's ``chunk_linear_attn`` gets ``normalize=False``); modules are built
+once, outside the timed calls.
+
+Each op is timed in interleaved rounds, forward and forward+backward: a round times ours
+and the peer's back to back (``triton.testing.do_bench``, the median of repeated calls
+after warm-up, L2 flushed between calls), the order alternating from round to round. The
+report gives each side's median over the rounds, and the ratio (peer / ours: above 1 means
+ours is faster) as the median of the per-round ratios with their min-max, since single
+runs on the same machine kind moved by up to 1.6x.
+
+Beside the ratio: ours as a fraction of the op's floor, the larger of a memory floor (the
+bytes the op must move once: its inputs and outputs, and for the backward its inputs, the
+output gradients and the input gradients, over the device copy bandwidth measured at the
+start) and, for chunked ops, a tensor-core floor (a FLOP count of the chunked algorithm
+over the measured bf16 matmul throughput).
+
+Results go to ``<out>.json`` and ``<out>.md`` after every op (a run cut by a time limit
+keeps what it measured; ``--resume`` then times only the ops missing from the JSON); the
+table is printed last.
 """
 
 from __future__ import annotations
@@ -16,8 +32,8 @@ import argparse
 import importlib
 import inspect
 import json
-import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -32,6 +48,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
+CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
+# Softmax attention: dense causal against SDPA's flash backend (every head its own k and v
+# on both sides), packed sequences of mixed lengths against the peer's varlen kernel with
+# grouped heads (HKV = 4).
+ATTENTION = dict(B=4, T=4096, H=16, HKV=4, D=128, lengths=(512, 3584, 4096, 1024, 2048, 5120))
+HGRN = dict(B=4, T=4096, D=2048)
 
 
 @dataclass
@@ -39,12 +61,16 @@ class Bench:
     name: str
     ours: str                      # dotted path in this repo
     peer: str | None               # dotted path in fla, or None where it has no counterpart
-    inputs: Callable[[], dict]     # keyword arguments, on the GPU
+    inputs: Callable[[], dict]     # keyword arguments, on the GPU; both sides get the same tensors
     grads: tuple[str, ...]         # inputs that get gradients in forward+backward
-    # bytes moved by (forward, forward+backward) at the minimum, for bandwidth-bound ops
+    # bytes the op must move (forward, forward+backward), where counting the inputs, outputs
+    # and gradients would overstate it (e.g. rotary's backward needs no input)
     floor_bytes: tuple[int, int] | None = None
-    call: Callable | None = None   # how to call either side: call(fn, kwargs) -> outputs
-    peer_call: Callable | None = None
+    call: Callable | None = None       # how to call our side: call(obj, kwargs) -> outputs
+    peer_call: Callable | None = None  # the same for the peer
+    build: Callable | None = None      # obj = build(resolved): e.g. a module, built once outside the timing
+    peer_build: Callable | None = None
+    flops: Callable[[], tuple[float, float]] | None = None  # (forward, forward+backward) FLOPs, chunked ops
     notes: list = field(default_factory=list)
 
 
@@ -56,8 +82,11 @@ def resolve(path: str):
     return obj
 
 
+DEVICE = "cuda"
+
+
 def rand(*shape, dtype=torch.bfloat16):
-    return torch.randn(shape, device="cuda", dtype=torch.float32).to(dtype)
+    return torch.randn(shape, device=DEVICE, dtype=torch.float32).to(dtype)
 
 
 def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool = False, gva: int = 1):
@@ -100,8 +129,10 @@ def module_inputs(kind: str):
         B, T, H, D = MODULE["B"], MODULE["T"], MODULE["H"], MODULE["D"]
         if kind == "rotary":
             return dict(q=rand(B, T, H, D), k=rand(B, T, H, D))
+        if kind == "norm":  # a learnable weight, as the peer's RMSNorm module carries
+            return dict(x=rand(B, T, H, D), weight=torch.ones(D, device=DEVICE, dtype=torch.bfloat16))
         if kind == "gated":
-            return dict(x=rand(B, T, H, D), g=rand(B, T, H, D))
+            return dict(x=rand(B, T, H, D), g=rand(B, T, H, D), weight=torch.ones(D, device=DEVICE, dtype=torch.bfloat16))
         if kind == "conv":
             B, T, D, W = CONV["B"], CONV["T"], CONV["D"], CONV["W"]
             return dict(x=rand(B, T, D), weight=rand(D, W), bias=rand(D))
@@ -110,76 +141,153 @@ def module_inputs(kind: str):
     return make
 
 
-def _bytes(*numels, itemsize=2):
-    return sum(numels) * itemsize
+def chunk_flops(delta: bool = False):
+    """FLOPs of the chunked algorithm at the LINEAR size, per (token, head): the intra-chunk
+    scores and their product with v (2C(K+V)), the inter-chunk read of the state and its
+    update (4KV); the delta rule adds the in-chunk system for w and u (2C(2K+V)) and the
+    corrected values (2KV). The backward is taken as twice the forward (each product has
+    two gradient products)."""
+    def count():
+        K, V, C = LINEAR["K"], LINEAR["V"], CHUNK
+        per = 2 * C * (K + V) + 4 * K * V + (2 * C * (2 * K + V) + 2 * K * V if delta else 0)
+        fwd = per * LINEAR["B"] * LINEAR["T"] * LINEAR["H"]
+        return fwd, 3 * fwd
+
+    return count
 
 
-def _module_floor(kind):
-    B, T, H, D = MODULE["B"], MODULE["T"], MODULE["H"], MODULE["D"]
-    n = B * T * H * D
-    if kind == "rotary":  # read q, k; write q, k. Backward: read dq, dk; write dq, dk
-        return _bytes(4 * n), _bytes(8 * n)
-    if kind == "gated":  # read x, g; write y. Backward: read x, g, dy; write dx, dg
-        return _bytes(3 * n), _bytes(3 * n + 5 * n)
-    if kind == "conv":
-        m = CONV["B"] * CONV["T"] * CONV["D"]
-        return _bytes(2 * m), _bytes(2 * m + 3 * m)
-    return _bytes(2 * n), _bytes(2 * n + 3 * n)  # read x, write y; bwd read x, dy, write dx
+def rotary_floor():
+    n = MODULE["B"] * MODULE["T"] * MODULE["H"] * MODULE["D"] * 2
+    return 4 * n, 8 * n  # read q, k, write them; backward reads dq, dk and writes their gradients
 
 
-def call_rotary(cls, kwargs):
-    module = cls(dim=MODULE["D"]).cuda()
+def with_kwargs(**extra):
+    """Call the function with ``extra`` keyword arguments added (e.g. an option whose
+    default differs between the sides)."""
+    return lambda fn, kwargs: strict_call(fn, {**kwargs, **extra})
+
+
+def renamed(**names):
+    """Call the function with some inputs under the names it declares (old=new)."""
+    return lambda fn, kwargs: strict_call(fn, {names.get(k, k): v for k, v in kwargs.items()})
+
+
+def strict_call(fn, kwargs):
+    """fn(**kwargs), refusing a keyword the callee does not declare by name: a ``**kwargs``
+    would swallow it silently, and the side would time different work."""
+    params = inspect.signature(fn).parameters
+    unknown = [k for k in kwargs if k not in params or params[k].kind is inspect.Parameter.VAR_KEYWORD]
+    if unknown:
+        raise TypeError(f"{getattr(fn, '__qualname__', fn)} declares no parameter {unknown}: pass them under its names")
+    return fn(**kwargs)
+
+
+def build_module(*args, **kwargs):
+    return lambda cls: cls(*args, **kwargs).to(DEVICE, torch.bfloat16)
+
+
+def build_rotary(cls):
+    return cls(dim=MODULE["D"]).to(DEVICE)
+
+
+def call_rotary(module, kwargs):
     return module(kwargs["q"], kwargs["k"])
 
 
-def call_rmsnorm(cls, kwargs):
-    return cls(MODULE["D"], eps=1e-6).cuda().to(torch.bfloat16)(kwargs["x"])
-
-
-def call_rmsnorm_gated(cls, kwargs):
-    return cls(MODULE["D"], eps=1e-6).cuda().to(torch.bfloat16)(kwargs["x"], kwargs["g"])
+def call_norm_module(module, kwargs):  # the peer's modules carry their own weight
+    return module(kwargs["x"], kwargs["g"]) if "g" in kwargs else module(kwargs["x"])
 
 
 def call_conv(fn, kwargs):
-    return fn(kwargs["x"], kwargs["weight"], kwargs["bias"], activation="silu")
+    return strict_call(fn, {**kwargs, "activation": "silu"})
 
 
-def call_ours_rmsnorm(fn, kwargs):
-    return fn(kwargs["x"], eps=1e-6)
+def call_eps(fn, kwargs):
+    return strict_call(fn, {**kwargs, "eps": 1e-6})
 
 
-def call_ours_rmsnorm_gated(fn, kwargs):
-    return fn(kwargs["x"], kwargs["g"], eps=1e-6)
+def rwkv6_inputs():
+    """r, k, v and the bonus u in bf16, the log decay w in fp32 (as models keep it)."""
+    B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+    return dict(r=rand(B, T, H, K), k=rand(B, T, H, K), v=rand(B, T, H, V),
+                w=F.logsigmoid(rand(B, T, H, K, dtype=torch.float32)) / 8, u=rand(H, K))
 
 
+def hgrn_inputs():
+    B, T, D = HGRN["B"], HGRN["T"], HGRN["D"]
+    return dict(x=rand(B, T, D), g=F.logsigmoid(rand(B, T, D, dtype=torch.float32)).to(torch.bfloat16))
+
+
+def attention_inputs(varlen: bool):
+    def make():
+        H, HKV, D = ATTENTION["H"], ATTENTION["HKV"], ATTENTION["D"]
+        if not varlen:
+            B, T = ATTENTION["B"], ATTENTION["T"]
+            return dict(q=rand(B, T, H, D), k=rand(B, T, H, D), v=rand(B, T, H, D))
+        lengths = ATTENTION["lengths"]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        cu_seqlens = torch.tensor(offsets, device=DEVICE, dtype=torch.int64)
+        T = offsets[-1]
+        return dict(q=rand(1, T, H, D), k=rand(1, T, HKV, D), v=rand(1, T, HKV, D), cu_seqlens=cu_seqlens)
+
+    return make
+
+
+def attention_flops(varlen: bool):
+    """Causal attention: q k^T and p v, each 2 D FLOPs per visible (query, key) pair, half
+    of the T^2 pairs visible: ``2 * 2 * H * D * T^2 / 2`` per sequence forward. The backward
+    has five such products (scores recomputed, dv, dp, dq, dk), 2.5 times the forward, so
+    forward+backward counts 3.5 times it."""
+    def count():
+        H, D = ATTENTION["H"], ATTENTION["D"]
+        squares = sum(n * n for n in ATTENTION["lengths"]) if varlen else ATTENTION["B"] * ATTENTION["T"] ** 2
+        fwd = 2 * 2 * H * D * squares / 2
+        return fwd, 3.5 * fwd
+
+    return count
+
+
+def call_sdpa_flash(fn, kwargs):
+    """SDPA restricted to its flash backend; [B, T, H, D] read as [B, H, T, D] through
+    strides, no copy either way."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (kwargs[n].transpose(1, 2) for n in ("q", "k", "v"))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return fn(q, k, v, is_causal=True).transpose(1, 2)
+
+
+D = MODULE["D"]
 BENCHES = [
-    Bench("chunk_simple_gla", "kernels.chunk_simple_gla", "fla.ops.simple_gla.chunk_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g")),
-    Bench("chunk_retention", "kernels.chunk_retention", "fla.ops.retention.chunk_retention", linear_inputs(), ("q", "k", "v")),
-    Bench("chunk_linear_attn", "kernels.chunk_linear_attn", "fla.ops.linear_attn.chunk_linear_attn", linear_inputs(), ("q", "k", "v")),
-    Bench("chunk_gla", "kernels.chunk_gla", "fla.ops.gla.chunk_gla", linear_inputs("channel"), ("q", "k", "v", "g")),
-    Bench("chunk_delta_rule", "kernels.chunk_delta_rule", "fla.ops.delta_rule.chunk_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta")),
-    Bench("chunk_gated_delta_rule", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta")),
-    Bench("fused_recurrent_linear_attn", "kernels.fused_recurrent_linear_attn", "fla.ops.linear_attn.fused_recurrent_linear_attn", linear_inputs(), ("q", "k", "v")),
+    Bench("chunk_simple_gla", "kernels.chunk_simple_gla", "fla.ops.simple_gla.chunk_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g"), flops=chunk_flops()),
+    Bench("chunk_retention", "kernels.chunk_retention", "fla.ops.retention.chunk_retention", linear_inputs(), ("q", "k", "v"), flops=chunk_flops()),
+    Bench("chunk_linear_attn", "kernels.chunk_linear_attn", "fla.ops.linear_attn.chunk_linear_attn", linear_inputs(), ("q", "k", "v"), flops=chunk_flops(), peer_call=with_kwargs(normalize=False)),
+    Bench("chunk_gla", "kernels.chunk_gla", "fla.ops.gla.chunk_gla", linear_inputs("channel"), ("q", "k", "v", "g"), flops=chunk_flops()),
+    Bench("chunk_delta_rule", "kernels.chunk_delta_rule", "fla.ops.delta_rule.chunk_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta"), flops=chunk_flops(delta=True)),
+    Bench("chunk_gated_delta_rule", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta"), flops=chunk_flops(delta=True)),
+    Bench("fused_recurrent_linear_attn", "kernels.fused_recurrent_linear_attn", "fla.ops.linear_attn.fused_recurrent_linear_attn", linear_inputs(), ("q", "k", "v"), peer_call=with_kwargs(normalize=False)),
     Bench("fused_recurrent_simple_gla", "kernels.fused_recurrent_simple_gla", "fla.ops.simple_gla.fused_recurrent_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g")),
-    Bench("fused_recurrent_gla", "kernels.fused_recurrent_gla", "fla.ops.gla.fused_recurrent_gla", linear_inputs("channel"), ("q", "k", "v", "g")),
+    Bench("fused_recurrent_gla", "kernels.fused_recurrent_gla", "fla.ops.gla.fused_recurrent_gla", linear_inputs("channel"), ("q", "k", "v", "g"), peer_call=renamed(g="gk")),
     Bench("fused_recurrent_delta_rule", "kernels.fused_recurrent_delta_rule", "fla.ops.delta_rule.fused_recurrent_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta")),
     Bench("fused_recurrent_gated_delta_rule", "kernels.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta")),
-    Bench("rotary", "kernels.RotaryEmbedding", "fla.modules.RotaryEmbedding", module_inputs("rotary"), ("q", "k"), _module_floor("rotary"), call_rotary, call_rotary),
-    Bench("l2norm", "kernels.l2norm", "fla.modules.l2norm.l2norm", module_inputs("x"), ("x",), _module_floor("x")),
-    Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("x"), ("x",), _module_floor("x"), call_ours_rmsnorm, call_rmsnorm),
-    Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g"), _module_floor("gated"), call_ours_rmsnorm_gated, call_rmsnorm_gated),
-    Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), _module_floor("conv"), call_conv, call_conv),
+    Bench("rotary", "kernels.RotaryEmbedding", "fla.modules.RotaryEmbedding", module_inputs("rotary"), ("q", "k"), rotary_floor(), call_rotary, call_rotary, build_rotary, build_rotary),
+    Bench("l2norm", "kernels.l2norm", "fla.modules.l2norm.l2norm", module_inputs("x"), ("x",)),
+    Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("norm"), ("x", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
+    Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
+    Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), call=call_conv, peer_call=call_conv),
+    Bench("parallel_attn_vs_sdpa", "kernels.parallel_attn", "torch.nn.functional.scaled_dot_product_attention", attention_inputs(False), ("q", "k", "v"),
+          peer_call=call_sdpa_flash, flops=attention_flops(False), notes=["peer: torch SDPA, flash backend, dense causal"]),
+    Bench("parallel_attn_varlen", "kernels.parallel_attn", "fla.ops.attn.parallel_attn", attention_inputs(True), ("q", "k", "v"), flops=attention_flops(True)),
+    Bench("chunk_rwkv6", "kernels.chunk_rwkv6", "fla.ops.rwkv6.chunk_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u"), flops=chunk_flops()),
+    Bench("fused_recurrent_rwkv6", "kernels.fused_recurrent_rwkv6", "fla.ops.rwkv6.fused_recurrent_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u")),
+    Bench("chunk_hgrn", "kernels.chunk_hgrn", "fla.ops.hgrn.chunk_hgrn", hgrn_inputs, ("x", "g")),
+    Bench("fused_recurrent_hgrn", "kernels.fused_recurrent_hgrn", "fla.ops.hgrn.fused_recurrent_hgrn", hgrn_inputs, ("x", "g")),
     Bench("chunk_rwkv7", "kernels.chunk_rwkv7", "fla.ops.rwkv7.chunk_rwkv7", dplr_inputs(("r", "w")), ("r", "w", "k", "v", "a", "b")),
     Bench("chunk_dplr_delta_rule", "kernels.chunk_dplr_delta_rule", "fla.ops.generalized_delta_rule.chunk_dplr_delta_rule", dplr_inputs(), ("q", "k", "v", "a", "b", "gk")),
     Bench("fused_recurrent_rwkv7", "kernels.fused_recurrent_rwkv7", "fla.ops.rwkv7.fused_recurrent_rwkv7", dplr_inputs(("r", "w")), ("r", "w", "k", "v", "a", "b")),
 ]
-
-
-def default_call(fn, kwargs):
-    params = inspect.signature(fn).parameters
-    if "normalize" in params:  # the peer's linear attention normalises by default; OPS.md's does not
-        kwargs = {**kwargs, "normalize": False}
-    return fn(**kwargs)
 
 
 def tensors_of(out):
@@ -188,33 +296,115 @@ def tensors_of(out):
     return [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
 
 
-def time_side(fn, call, make_inputs, grads, warm_only=False) -> dict:
+def first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+class Side:
+    """One side of a comparison: its callable, bound to the shared inputs, forward-only
+    and forward+backward."""
+
+    def __init__(self, obj, call, kwargs, grads):
+        self.obj, self.call = obj, call
+        self.kwargs = kwargs
+        self.leaves = {n: kwargs[n].detach().clone().requires_grad_(True) for n in grads}
+        self.train_kwargs = {**kwargs, **self.leaves}
+        params = list(obj.parameters()) if isinstance(obj, torch.nn.Module) else []
+        self.grad_tensors = list(self.leaves.values()) + [p for p in params if p.requires_grad]
+        self.cotangents = None
+
+    def forward(self):
+        with torch.no_grad():
+            return self.call(self.obj, dict(self.kwargs))
+
+    def forward_backward(self):
+        outs = tensors_of(self.call(self.obj, dict(self.train_kwargs)))
+        if self.cotangents is None:
+            self.cotangents = [torch.randn_like(o) for o in outs]
+        torch.autograd.backward(outs, self.cotangents[: len(outs)])
+
+    def moved_bytes(self, grads) -> tuple[int, int]:
+        """Inputs read and outputs written; the backward reads the inputs and the output
+        gradients and writes the input gradients."""
+        inputs = sum(t.numel() * t.element_size() for t in self.kwargs.values() if isinstance(t, torch.Tensor))
+        outputs = sum(t.numel() * t.element_size() for t in tensors_of(self.forward()))
+        grads_out = sum(self.kwargs[n].numel() * self.kwargs[n].element_size() for n in grads)
+        return inputs + outputs, 2 * inputs + 2 * outputs + grads_out
+
+
+def make_side(path, call, build, kwargs, grads, warm_backward=True) -> tuple[Side | None, dict]:
+    """Resolve, build and warm one side (its first calls compile and autotune, untimed)."""
+    state = {}
+    if path is None:
+        return None, {"error": "no counterpart"}
+    try:
+        obj = resolve(path)
+    except Exception as e:
+        return None, {"error": "missing: " + first_line(e)[:200]}
+    t0 = time.time()
+    try:
+        side = Side(build(obj) if build else obj, call or strict_call, kwargs, grads)
+        side.forward()
+    except Exception as e:
+        traceback.print_exc(limit=3)
+        return None, {"error": first_line(e)}
+    if warm_backward:
+        try:
+            side.forward_backward()
+        except Exception as e:  # a backward that refuses to run leaves the forward time standing
+            state["bwd_error"] = first_line(e)
+    state["warm_s"] = round(time.time() - t0, 1)
+    return side, state
+
+
+def time_rounds(sides: dict, mode: str, rounds: int, warmup_ms: int, rep_ms: int) -> dict:
+    """Interleaved rounds: each round times every side once, the order alternating."""
     from triton.testing import do_bench
 
-    kwargs = make_inputs()
-    result = {}
-    with torch.no_grad():
-        call(fn, dict(kwargs))  # compile / autotune outside the timing
-        if not warm_only:
-            result["fwd_ms"] = do_bench(lambda: call(fn, dict(kwargs)), warmup=25, rep=200, return_mode="median")
-    leaves = {n: kwargs[n].detach().clone().requires_grad_(True) for n in grads}
-    kw = {**kwargs, **leaves}
-    outs = tensors_of(call(fn, dict(kw)))
-    cot = [torch.randn_like(o) for o in outs]
+    names = list(sides)
+    samples = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            side = sides[n]
+            fn = side.forward if mode == "fwd" else side.forward_backward
+            grad_to_none = side.grad_tensors if mode == "fwd_bwd" else None
+            samples[n].append(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"))
+    return samples
 
-    def fwd_bwd():
-        o = tensors_of(call(fn, dict(kw)))
-        torch.autograd.backward(o, cot[: len(o)])
 
-    try:  # a backward that refuses to run still leaves the forward time standing
-        fwd_bwd()
-    except Exception as e:
-        result["bwd_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-        return result
-    if warm_only:
-        return result
-    result["fwd_bwd_ms"] = do_bench(fwd_bwd, warmup=25, rep=200, grad_to_none=list(leaves.values()), return_mode="median")
-    return result
+def summarize(samples: dict) -> dict:
+    out = {n: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), "rounds_ms": s} for n, s in samples.items()}
+    if "ours" in samples and "peer" in samples:
+        ratios = [p / o for p, o in zip(samples["peer"], samples["ours"])]
+        out["ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return out
+
+
+def bench_op(b: Bench, rounds: int, warm_only=False, warmup_ms=25, rep_ms=100) -> dict:
+    row = {"op": b.name}
+    kwargs = b.inputs()
+    sides = {}
+    for name, path, call, build in (("ours", b.ours, b.call, b.build), ("peer", b.peer, b.peer_call, b.peer_build)):
+        side, state = make_side(path, call, build, kwargs, b.grads)
+        row[name] = state
+        if side is not None:
+            sides[name] = side
+    if warm_only or not sides:
+        return row
+    if "ours" in sides:
+        row["bytes"] = b.floor_bytes or sides["ours"].moved_bytes(b.grads)
+        if b.flops:
+            row["flops"] = b.flops()
+    for mode in ("fwd", "fwd_bwd"):
+        timed = {n: s for n, s in sides.items() if not (mode == "fwd_bwd" and "bwd_error" in row[n])}
+        if not timed:
+            continue
+        try:
+            row[mode] = summarize(time_rounds(timed, mode, rounds, warmup_ms, rep_ms))
+        except Exception as e:
+            traceback.print_exc(limit=3)
+            row[mode] = {"error": first_line(e)}
+    return row
 
 
 def copy_bandwidth() -> float:
@@ -224,44 +414,74 @@ def copy_bandwidth() -> float:
     x = torch.empty(2 * 1024**3 // 4, device="cuda", dtype=torch.float32)
     y = torch.empty_like(x)
     ms = do_bench(lambda: y.copy_(x), warmup=25, rep=100, return_mode="median")
-    return 2 * x.numel() * 4 / (ms * 1e-3)
+    del x, y
+    return 2 * 2 * 1024**3 / (ms * 1e-3)
 
 
-def run(benches, out_path, warm_only=False):
+def matmul_throughput() -> float:
+    """Dense bf16 matmul FLOP/s (torch.matmul, 8192 cubed), the tensor-core floor's rate."""
+    from triton.testing import do_bench
+
+    n = 8192
+    a, b = rand(n, n), rand(n, n)
+    ms = do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def floors(row, rates) -> dict:
+    """Per mode: the floor in ms, what bounds it, and ours as a fraction of it."""
+    out = {}
+    for i, mode in enumerate(("fwd", "fwd_bwd")):
+        ours = row.get(mode, {}).get("ours")
+        if not ours or "bytes" not in row:
+            continue
+        memory = row["bytes"][i] / rates["copy_Bps"] * 1e3
+        compute = row["flops"][i] / rates["matmul_flops"] * 1e3 if "flops" in row else 0.0
+        floor = max(memory, compute)
+        out[mode] = {"floor_ms": floor, "bound": "tensor cores" if compute > memory else "memory",
+                     "fraction": floor / ours["median_ms"]}
+    return out
+
+
+def load_rows(out_path) -> list:
+    try:
+        with open(out_path + ".json") as f:
+            return json.load(f)["rows"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def run(benches, out_path, rounds, resume=False):
     device = torch.cuda.get_device_name()
-    bandwidth = 0.0 if warm_only else copy_bandwidth()
-    rows, table = [], ""
+    rates = {"copy_Bps": copy_bandwidth(), "matmul_flops": matmul_throughput()}
+    print(f"copy bandwidth {rates['copy_Bps'] / 1e12:.2f} TB/s, bf16 matmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s", flush=True)
+    rows = [r for r in load_rows(out_path) if complete(r)] if (resume and out_path) else []
+    done = {r["op"] for r in rows}
+    table = write_report(device, rates, rounds, rows, out_path)
     for b in benches:
-        row = {"op": b.name}
-        for side, path, call in (("ours", b.ours, b.call), ("peer", b.peer, b.peer_call)):
-            if path is None:
-                row[side] = {"error": "no counterpart"}
-                continue
-            try:
-                fn = resolve(path)
-            except Exception as e:  # missing on this side
-                row[side] = {"error": f"missing: {type(e).__name__}: {e}"[:200]}
-                continue
-            t0 = time.time()
-            try:
-                row[side] = time_side(fn, call or default_call, b.inputs, b.grads, warm_only)
-            except Exception as e:
-                row[side] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]}
-                traceback.print_exc(limit=2)
-            row[side]["wall_s"] = round(time.time() - t0, 1)
-            torch.cuda.empty_cache()
-        if b.floor_bytes and bandwidth:
-            row["floor_ms"] = [1e3 * n / bandwidth for n in b.floor_bytes]
+        if b.name in done:
+            continue
+        t0 = time.time()
+        row = bench_op(b, rounds)
+        row["floor"] = floors(row, rates)
+        row["wall_s"] = round(time.time() - t0, 1)
         rows.append(row)
-        print(json.dumps(row), flush=True)
-        # written after every row, so a run cut short by a time limit keeps what it measured
-        table = write_report(device, bandwidth, rows, out_path)
+        torch.cuda.empty_cache()
+        print(json.dumps({k: row[k] for k in ("op", "wall_s")} | {m: (row.get(m, {}).get("ratio")) for m in ("fwd", "fwd_bwd")}), flush=True)
+        # written after every op, so a run cut short by a time limit keeps what it measured
+        table = write_report(device, rates, rounds, rows, out_path)
     print(table)
 
 
-def write_report(device, bandwidth, rows, out_path) -> str:
+def complete(row) -> bool:
+    """Timed already: ours ran, and its forward has a median."""
+    return "error" not in row.get("ours", {}) and "ours" in row.get("fwd", {})
+
+
+def write_report(device, rates, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
-              "copy_bandwidth_TBps": bandwidth / 1e12, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV},
+              "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
     if out_path:
@@ -273,33 +493,53 @@ def write_report(device, bandwidth, rows, out_path) -> str:
     return table
 
 
-def _fmt(x):
+def _ms(x):
     return "-" if x is None else (f"{x:.3f}" if x < 100 else f"{x:.0f}")
 
 
+def _cell(row, mode, side):
+    """A side's median, or why it has none."""
+    timed = row.get(mode, {}).get(side)
+    if timed:
+        return _ms(timed["median_ms"])
+    state = row.get(side, {})
+    why = state.get("error") or (state.get("bwd_error") if mode == "fwd_bwd" else None) or row.get(mode, {}).get("error") or "-"
+    return why[:40]
+
+
+def _ratio(row, mode):
+    r = row.get(mode, {}).get("ratio")
+    return f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" if r else "-"
+
+
+def _floor(row, mode):
+    f = row.get("floor", {}).get(mode)
+    return f"{100 * f['fraction']:.0f}% of {f['floor_ms']:.3f} ({'TC' if f['bound'] == 'tensor cores' else 'mem'})" if f else "-"
+
+
+def _tflops(row, mode):
+    """Achieved TFLOP/s, ours / peer, for ops with a FLOP count."""
+    if "flops" not in row:
+        return "-"
+    n = row["flops"][0 if mode == "fwd" else 1]
+    rates = [f"{n / (t['median_ms'] * 1e-3) / 1e12:.0f}" if t else "-"
+             for t in (row.get(mode, {}).get(side) for side in ("ours", "peer"))]
+    return " / ".join(rates)
+
+
 def format_table(report) -> str:
-    lines = [f"{report['device']}, torch {report['torch']}, triton {report['triton']}, "
-             f"copy bandwidth {report['copy_bandwidth_TBps']:.2f} TB/s; bf16; ratio = peer / ours (>1: ours faster)",
+    lines = [f"{report['device']}, torch {report['torch']}, triton {report['triton']}; copy bandwidth "
+             f"{report['copy_bandwidth_TBps']:.2f} TB/s, bf16 matmul {report['matmul_TFLOPs']:.0f} TFLOP/s; bf16 inputs; "
+             f"medians of {report['rounds']} interleaved rounds; ratio = peer / ours (>1: ours faster), median (min-max over rounds); "
+             "floor: ours as % of the op's floor in ms (mem: bytes / copy bandwidth; TC: FLOPs / matmul rate); "
+             "TFLOP/s: achieved, ours / peer, where the op has a FLOP count",
              "",
-             "| op | ours fwd ms | peer fwd ms | fwd ratio | ours fwd+bwd ms | peer fwd+bwd ms | fwd+bwd ratio | floor fwd / fwd+bwd ms | ours % of floor (fwd, fwd+bwd) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms | fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
-        ours, peer = row.get("ours", {}), row.get("peer", {})
         cells = [row["op"]]
-        for key in ("fwd_ms", "fwd_bwd_ms"):
-            o, p = ours.get(key), peer.get(key)
-            why = "error" if key == "fwd_ms" else "bwd_error"
-            cells += [_fmt(o) if o else ours.get(why, ours.get("error", "-"))[:40],
-                      _fmt(p) if p else peer.get(why, peer.get("error", "-"))[:40],
-                      f"{p / o:.2f}x" if (o and p) else "-"]
-        # reorder: fwd triple then fwd+bwd triple already in order
-        floor = row.get("floor_ms")
-        if floor:
-            cells.append(f"{floor[0]:.3f} / {floor[1]:.3f}")
-            pct = [f"{100 * f / ours[k]:.0f}%" if ours.get(k) else "-" for f, k in zip(floor, ("fwd_ms", "fwd_bwd_ms"))]
-            cells.append(", ".join(pct))
-        else:
-            cells += ["-", "-"]
+        for mode in ("fwd", "fwd_bwd"):
+            cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode), _tflops(row, mode)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -308,23 +548,36 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", help="comma list of op names (default: all)")
     parser.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per op and mode (default 5)")
+    parser.add_argument("--resume", action="store_true", help="keep the ops already timed in <out>.json, time the rest")
     parser.add_argument("--warm", type=int, default=0, metavar="JOBS",
                         help="first compile every op's kernels, JOBS ops at a time in separate processes "
                              "(autotune results of that phase are not kept), then time them one by one")
+    parser.add_argument("--warm-limit", type=float, default=330, metavar="S", help="stop the warm-up after S seconds")
     parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     by_name = {b.name: b for b in BENCHES}
     benches = [by_name[name] for name in args.ops.split(",")] if args.ops else BENCHES
-    if args.warm:
-        warm(benches, args.warm)
-    run(benches, args.out, args.warm_only)
+    if args.warm_only:
+        for b in benches:
+            bench_op(b, 0, warm_only=True)
+        return
+    if args.resume and args.out:
+        done = {r["op"] for r in load_rows(args.out) if complete(r)}
+        benches_to_warm = [b for b in benches if b.name not in done]
+    else:
+        benches_to_warm = benches
+    if args.warm and benches_to_warm:
+        warm(benches_to_warm, args.warm, args.warm_limit)
+    run(benches, args.out, args.rounds, args.resume)
 
 
-def warm(benches, jobs):
+def warm(benches, jobs, limit_s):
     """Fill the Triton cache with every kernel both sides compile, in parallel processes:
     compiling, not timing, is most of a first call (the peer's autotuning compiles tens of
     configs per kernel). The peer's on-disk autotune results are switched off here, so the
-    timed run picks its configs on an idle GPU."""
+    timed run picks its configs on an idle GPU. Processes still running after ``limit_s``
+    are stopped: the timed run compiles what they left."""
     import subprocess
 
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
@@ -337,6 +590,11 @@ def warm(benches, jobs):
             running.append(subprocess.Popen([sys.executable, __file__, "--ops", name, "--warm-only"], env=env,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         running = [p for p in running if p.poll() is None]
+        if time.time() - t0 > limit_s:
+            for p in running:
+                p.kill()
+            print(f"warm-up stopped at {limit_s} s: {len(running)} running, {len(pending)} not started", flush=True)
+            break
         time.sleep(0.5)
     print(f"warm-up of {len(benches)} ops, {jobs} at a time: {time.time() - t0:.0f} s", flush=True)
 

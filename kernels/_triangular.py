@@ -1,7 +1,9 @@
-"""The inverse of a unit lower-triangular chunk matrix, on tensor cores.
+"""Triangular pieces of the WY (UT-transform) form that chunked delta rules share.
 
-Chunked forms that solve a triangular system per chunk (the WY / UT representation of
-the delta rules) need ``(I + A)^{-1}`` for a strictly lower-triangular [BT, BT] tile.
+A chunked delta rule turns the in-chunk recurrence of its pseudo-values into a unit
+lower-triangular system ``(I + A) U = ...`` per chunk; :func:`unit_lower_inverse` inverts
+its matrix with tensor-core products (``kernels/delta_rule/chunk.py`` for the scalar-gated
+rule, ``kernels/delta_rule/chunk_kda.py`` for the per-channel one).
 """
 
 from __future__ import annotations

@@ -68,3 +68,44 @@ def queued_here(session) -> set[int] | None:
             with queue.lock() as pending:
                 return {i for i in pending if isinstance(i, int)}
     return set()
+
+
+# A batch (--fla-isolate=batch) is a check's tests for one op: one test function and the
+# first part of its parameters (the op, in the conformance suite). They share kernels, so a
+# child pays start-up (torch, CUDA, collection; most of an isolated test's time) once for
+# them and compiles or instruments each kernel once. At most this many tests per batch, so
+# that work still spreads over workers.
+BATCH_LIMIT = 24
+
+
+def batch_keys(nodeids: list[str], granularity: str) -> dict[str, str]:
+    """nodeid -> the batch it runs in: its module (``module``), or its test function and
+    first parameter, in runs of at most BATCH_LIMIT tests (``batch``)."""
+    keys, sizes = {}, {}
+    for nodeid in nodeids:
+        path, _, rest = nodeid.partition("::")
+        if granularity == "module":
+            keys[nodeid] = path
+            continue
+        name, bracket, params = rest.partition("[")
+        group = f"{path}::{name}" + (f"[{params.rstrip(']').split('-')[0]}]" if bracket else "")
+        count = sizes[group] = sizes.get(group, 0) + 1
+        keys[nodeid] = f"{group}#{(count - 1) // BATCH_LIMIT}"
+    return keys
+
+
+def batch_scheduler(config, log, granularity: str):
+    """An xdist scheduler that hands each worker whole batches (xdist's ``loadscope`` with
+    the batch as the scope), so a worker's batch is all of it rather than the 2-4 tests
+    that ``load`` queues on a worker at a time."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class BatchScheduling(LoadScopeScheduling):
+        keys: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not self.keys and self.collection:
+                self.keys = batch_keys(list(self.collection), granularity)
+            return self.keys.get(nodeid) or batch_keys([nodeid], granularity)[nodeid]
+
+    return BatchScheduling(config, log)

@@ -31,7 +31,8 @@ from .report import PROCESS_SECONDS_PROPERTY, SANITIZER_SECONDS_PROPERTY, annota
 
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
-BEGIN_MARK = "=== fla: running "
+BEGIN_MARK = "=== fla: running "  # written to the child's stdout and stderr as each test starts
+END_MARK = "=== fla: batch done"  # and to its stdout after the last one
 COUNT_LAUNCHES_ENV = "FLA_COUNT_LAUNCHES"
 LAUNCHES_PROPERTY = "fla_triton_launches"
 
@@ -73,6 +74,9 @@ def child_command(config, results_dir: Path, paths: list[str]) -> list[str]:
                 args += [arg, invocation[i + 1]]
         elif arg.startswith(("--tb", "--fla-blocking", "-W")) or (arg.startswith("-p") and len(arg) > 2):
             args.append(arg)
+    if config.getoption("fla_impl", None):
+        # which implementation the specs call: the child's tests have the same ids either way
+        args.append(f"--fla-impl={config.getoption('fla_impl')}")
     return args + paths
 
 
@@ -156,6 +160,17 @@ def _since_mark(stderr: str, nodeid: str) -> str:
     mark = BEGIN_MARK + nodeid
     index = stderr.rfind(mark)
     return stderr[index + len(mark) :] if index >= 0 else stderr
+
+
+def test_output(stdout: str, nodeid: str) -> str | None:
+    """What a child wrote to its stdout while ``nodeid`` ran: from its start mark to the
+    next test's (or the batch's end). A sanitizer's report of a kernel lands there, since
+    launches are blocking under the tool. None if the test never started in it."""
+    start = stdout.find(f"{BEGIN_MARK}{nodeid}\n")
+    if start < 0:
+        return None
+    ends = [i for i in (stdout.find(BEGIN_MARK, start + 1), stdout.find(END_MARK, start)) if i >= 0]
+    return stdout[start : min(ends)] if ends else stdout[start:]
 
 
 def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
@@ -289,6 +304,10 @@ class ChildReporter:
             self.faulted.add(item.nodeid)
             raise DeviceFault(f"the device faulted during this test (found at the synchronize after it): {fault}")
         return result
+
+    def pytest_sessionfinish(self):
+        sys.stdout.flush()
+        os.write(1, f"\n{END_MARK}\n".encode())
 
     def pytest_runtest_logreport(self, report):
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)

@@ -21,19 +21,20 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import distribute, repro, sanitizer, targets
+from . import distribute, poison, registry, repro, sanitizer, targets, toolchain
 from . import report as run_report
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
-    fla_poison_allocations,
     cu_seqlens,
     device_mismatch,
     fla_chunk_size,
+    fla_device,
+    fla_poison_allocations,
     huge_batch,
     parametrize_cu_seqlens,
     rotary_dims,
 )
 
-ISOLATE_CHOICES = ("test", "module", "none")
+ISOLATE_CHOICES = ("test", "batch", "module", "none")
 
 
 @dataclass
@@ -44,11 +45,18 @@ class RunState:
     tools: list = field(default_factory=list)  # sanitizer tools
     isolate: str = "none"
     report: run_report.RunReport | None = None
-    batches: dict = field(default_factory=dict)  # nodeid -> ItemOutcome run ahead (a module batch)
+    batches: dict = field(default_factory=dict)  # nodeid -> ItemOutcome run ahead (a batch or module)
+    batch_keys: dict | None = None  # nodeid -> its batch, under --fla-isolate=batch or module
 
 
 RUN = pytest.StashKey[RunState]()
 TARGETS = pytest.StashKey[list]()
+
+
+def pytest_addhooks(pluginmanager):
+    from . import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
 
 
 def pytest_addoption(parser):
@@ -64,8 +72,9 @@ def pytest_addoption(parser):
         "--fla-sanitizer",
         default=None,
         metavar="TOOLS",
-        help="re-run each test in a subprocess under compute-sanitizer with these tools "
-        f"({','.join(sanitizer.TOOLS)}); any report fails the test",
+        help="re-run each test under compute-sanitizer with these tools "
+        f"({','.join(sanitizer.TOOLS)}); any report fails the test. Tests run at the small shapes, "
+        "a batch of them per subprocess (see --fla-isolate)",
     )
     group.addoption(
         "--fla-sanitizer-all-tests",
@@ -78,11 +87,25 @@ def pytest_addoption(parser):
         "--fla-isolate",
         choices=ISOLATE_CHOICES,
         default=None,
-        help="run each test (or module) in a subprocess, so a device fault or a crash fails only "
-        "its own test (default: none; test under --fla-sanitizer)",
+        help="run each test (or batch: a check's tests for one op; or module) in a subprocess, so a "
+        "device fault or a crash fails only its own test (default: none; batch under --fla-sanitizer)",
     )
     group.addoption("--fla-report", default=None, metavar="PATH", help="write the ops x checks report as JSON")
     group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
+    group.addoption(
+        "--fla-impl",
+        default=None,
+        metavar="NAME",
+        help="whose kernels the op specs call, for a repository whose pytest_fla_specs hook knows several "
+        "implementations (it reads this value); this repository: kernels (default) or fla (fla-core)",
+    )
+    parser.addini(
+        poison.INI,
+        type="linelist",
+        default=list(poison.DEFAULT_TARGETS),
+        help="allocations poisoned with NaN during op tests: `torch` (torch.empty and friends, the default) "
+        "or `package.module:FLAG` flags the library's allocation helper reads",
+    )
     group.addoption("--fla-child", default=None, help=argparse.SUPPRESS)
 
 
@@ -136,6 +159,11 @@ def pytest_cmdline_main(config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "fla_op(name): the op a test checks (a row of the report matrix)")
     config.addinivalue_line("markers", "fla_compile(arch): an offline compile check for one arch, e.g. 'sm86'")
+    config.addinivalue_line("markers", "large_memory: needs a GPU with tens of GiB free (tensors over 2**31 elements)")
+    try:
+        poison.configure(config.getini(poison.INI))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
     role = _role(config)
     state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
     if config.option.fla_sanitizer and role != "child":
@@ -145,7 +173,7 @@ def pytest_configure(config):
             raise pytest.UsageError(str(error)) from None
         if sanitizer.executable() is None:
             raise pytest.UsageError("--fla-sanitizer: compute-sanitizer is not on the PATH")
-    state.isolate = config.option.fla_isolate or ("test" if state.tools else "none")
+    state.isolate = config.option.fla_isolate or ("batch" if state.tools else "none")
     if role == "child":
         state.isolate = "none"
         from .isolation import ChildReporter
@@ -166,7 +194,7 @@ def pytest_report_header(config):
     state = config.stash.get(RUN, None)
     if state is None or state.role != "controller":
         return None
-    lines = [f"fla targets ({len(state.targets)}):"]
+    lines = [toolchain.header_line(), f"fla targets ({len(state.targets)}):"]
     lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
     if len(state.targets) > 1:
         lines.append("  one xdist worker per target; compile checks run in their own arch's worker")
@@ -174,11 +202,23 @@ def pytest_report_header(config):
         lines.append("  compile checks: none here (deselected); --fla-arch=all adds compile-only targets")
     if state.tools:
         which = "each test" if config.option.fla_sanitizer_all_tests else "each test that launched a Triton kernel"
-        how = "a module's tests in one subprocess, one by one after a report" if state.isolate == "module" else "in a subprocess"
-        lines.append(f"fla sanitizer: {', '.join(state.tools)} ({which} re-run, {how})")
+        how = {"module": "a module's tests in one subprocess", "batch": "a check's tests for one op in one subprocess",
+               "test": "each in a subprocess"}[state.isolate]
+        lines.append(f"fla sanitizer: {', '.join(state.tools)} ({which} re-run at small shapes, {how}; "
+                     "a report lands on the test that was running)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
     return lines
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under batch or module isolation, ``-n N`` hands each worker whole batches (unless a
+    ``--dist`` mode was chosen): a batch child then runs all of them."""
+    state = config.stash.get(RUN, None)
+    if state is None or state.isolate not in ("batch", "module") or config.getvalue("dist") != "load":
+        return None
+    return distribute.batch_scheduler(config, log, state.isolate)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -191,6 +231,8 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_generate_tests(metafunc):
+    if hasattr(metafunc.function, "fla_parametrize"):
+        registry.parametrize(metafunc)
     if "cu_seqlens" in metafunc.fixturenames and not any(
         "cu_seqlens" in getattr(m, "args", ("",))[0] for m in metafunc.definition.iter_markers("parametrize")
     ):
@@ -234,7 +276,10 @@ def pytest_collection_modifyitems(config, items):
             keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    # Checks that hold the GPU alone (large_memory) last: taking it mid-run waits for every
+    # check in flight and idles the rest of the GPU meanwhile; at the end little is in flight.
+    items[:] = [i for i in keep if i.get_closest_marker("large_memory") is None] + \
+        [i for i in keep if i.get_closest_marker("large_memory") is not None]
 
 
 def pytest_runtest_setup(item):
@@ -268,9 +313,11 @@ def pytest_runtest_protocol(item, nextitem):
     from .isolation import COUNT_LAUNCHES_ENV, replay, run_batch
     from .sanitizing import Verdict, verdicts
 
-    env = {COUNT_LAUNCHES_ENV: "1"} if state.tools else None
+    # Under the sanitizer the plain run uses the tool's small shapes too: it compiles the very
+    # kernels the tool then runs, outside the tool (numerics at GPU sizes: a plain run's job).
+    env = {COUNT_LAUNCHES_ENV: "1", **sanitizer.SHAPES_ENV} if state.tools else None
     if item.nodeid not in state.batches:
-        batch = _module_batch(item, nextitem, state.batches) if state.isolate == "module" else [item]
+        batch = _batch(item, nextitem, state) if state.isolate in ("batch", "module") else [item]
         outcomes = run_batch(item.config, batch, env=env)
         if state.tools:
             for nodeid, verdict in verdicts(item.config, batch, outcomes, state.tools).items():
@@ -282,15 +329,18 @@ def pytest_runtest_protocol(item, nextitem):
     return True
 
 
-def _module_batch(item, nextitem, done) -> list:
-    """``item`` and the tests of its module still to run in this process (under xdist: the
-    ones queued to this worker, and the next one, which xdist has already taken off the
-    queue)."""
+def _batch(item, nextitem, state) -> list:
+    """``item`` and the tests of its batch (or module) still to run in this process (under
+    xdist: the ones queued to this worker, and the next one, which xdist has already taken
+    off the queue)."""
     items = item.session.items
+    if state.batch_keys is None:
+        state.batch_keys = distribute.batch_keys([i.nodeid for i in items], state.isolate)
+    key = state.batch_keys.get(item.nodeid)
     queued = distribute.queued_here(item.session)
     return [item] + [
         other for index, other in enumerate(items)
-        if other is not item and other.path == item.path and other.nodeid not in done
+        if other is not item and state.batch_keys.get(other.nodeid) == key and other.nodeid not in state.batches
         and (queued is None or index in queued or other is nextitem)
     ]
 

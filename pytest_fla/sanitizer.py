@@ -9,8 +9,10 @@ test is still running.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,35 @@ def executable() -> str | None:
     return shutil.which("compute-sanitizer")
 
 
+# Work the checks do not need, skipped where this compute-sanitizer has the option: the
+# test process's own subprocesses (ptxas, ldconfig) are not the program under test, and
+# Triton kernels allocate nothing on the device heap.
+LEAN_OPTIONS = {
+    "--target-processes": ("application-only", TOOLS),
+    "--check-device-heap": ("no", ("memcheck",)),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _help_text(path: str) -> str:
+    try:
+        done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout + done.stderr
+
+
+def lean_options(tool: str) -> list[str]:
+    """The LEAN_OPTIONS for ``tool`` that this compute-sanitizer lists in its ``--help``."""
+    path = executable()
+    listed = _help_text(path) if path else ""
+    options = []
+    for option, (value, tools) in LEAN_OPTIONS.items():
+        if tool in tools and re.search(rf"(^|\s){re.escape(option)}\b", listed):
+            options += [option, value]
+    return options
+
+
 def command(tool: str) -> list[str]:
     return [
         executable() or "compute-sanitizer",
@@ -46,13 +77,17 @@ def command(tool: str) -> list[str]:
         "0",  # the report is read from the output; the test's own exit status stays its own
         "--show-backtrace",
         "device",
+        *lean_options(tool),
     ]
 
 
+# Small shapes under the sanitizer (it slows kernels down by one to two orders of magnitude);
+# the op specs read FLA_SMALL_SHAPES.
+SHAPES_ENV = {"FLA_SMALL_SHAPES": "1"}
+
+
 def environment(caching_allocator: bool = False) -> dict[str, str]:
-    # Small shapes under the sanitizer (it slows kernels down by one to two orders of
-    # magnitude); the op specs read FLA_SMALL_SHAPES.
-    env = {"CUDA_LAUNCH_BLOCKING": "1", "FLA_SMALL_SHAPES": "1"}
+    env = {"CUDA_LAUNCH_BLOCKING": "1", **SHAPES_ENV}
     if not caching_allocator:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return env

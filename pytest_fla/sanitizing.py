@@ -2,10 +2,12 @@
 
 A test is re-run under each tool when it passed plainly and launched a Triton kernel (or
 always, with ``--fla-sanitizer-all-tests``); its kernels are already compiled and cached
-by the plain run. Tests that ran plainly in one child (a module batch) re-run under the
-tool in one child too: start-up (torch, CUDA, collection) is most of a sanitizer run's
-time. When that child reports anything, or dies, each of its tests re-runs alone under
-the tool, so a finding is pinned on the test that caused it.
+by the plain run. Tests that ran plainly in one child (a batch or a module) re-run under
+the tool in one child too: start-up (torch, CUDA, collection) is most of a sanitizer
+run's time. Launches are blocking under the tool, so a report comes while the kernel's
+test runs: it lands on that test, which re-runs alone to confirm. A report that comes
+outside every test, and a batch whose child dies, fall back to tests run alone, so a
+finding is always pinned on the test that caused it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import sanitizer
-from .isolation import ItemOutcome, run_batch
+from .isolation import ItemOutcome, run_batch, test_output
 
 NOT_LAUNCHED = "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)"
 
@@ -60,28 +62,56 @@ def verdicts(config, items, plain: dict, tools: list[str]) -> dict:
 
 def _under_tool(config, items, tool: str) -> dict:
     """item -> (failure or None, the tool's text, seconds) for one tool: the items in one
-    child, then one by one if that child was not clean."""
+    child. A report lands on the test that was running when it came (the child's output
+    between that test's start mark and the next), which then re-runs alone to confirm it;
+    a report that lands on no test (before the first, after the last, past the print
+    limit) re-runs every test of the batch alone."""
     if not items:
         return {}
     outcomes = _run(config, items, tool)
-    found = {item: _verdict(tool, outcomes[item.nodeid]) for item in items}
     spent = {item: outcomes[item.nodeid].process_seconds for item in items}
-    if len(items) > 1 and all(failure is None for failure, _ in found.values()):
-        note = f" (run with {len(items)} tests in one process)"
-        found = {item: (None, text + note) for item, (_, text) in found.items()}
-    elif len(items) > 1:
+    found = _placed(tool, items, outcomes) if len(items) > 1 else {items[0]: _verdict(tool, outcomes[items[0].nodeid])}
+    if found is None:
         alone = {item: _run(config, [item], tool)[item.nodeid] for item in items}
         found = {item: _verdict(tool, outcome) for item, outcome in alone.items()}
         spent = {item: spent[item] + outcome.process_seconds for item, outcome in alone.items()}
+    elif len(items) > 1:
+        for item, (failure, text) in found.items():
+            if failure is None:
+                found[item] = (None, text + f" (run with {len(items)} tests in one process)")
+            elif not outcomes[item.nodeid].died:  # a death is pinned on its test already
+                alone = _run(config, [item], tool)[item.nodeid]
+                spent[item] += alone.process_seconds
+                confirmed = _verdict(tool, alone)
+                found[item] = confirmed if confirmed[0] else (
+                    f"{failure}\n(reported while it ran in one process with {len(items) - 1} other tests; "
+                    "run alone it was clean)", text)
     return {item: (*found[item], spent[item]) for item in items}
+
+
+def _placed(tool: str, items, outcomes) -> dict | None:
+    """item -> (failure or None, text) from its own part of its batch child's output; None
+    if a report of that child lands on none of them."""
+    wholes, placed, found = {}, {}, {}
+    for item in items:
+        stdout = outcomes[item.nodeid].stdout
+        whole = wholes.setdefault(stdout, sanitizer.parse(tool, stdout))
+        own = sanitizer.parse(tool, test_output(stdout, item.nodeid) or "").findings
+        placed[stdout] = placed.get(stdout, 0) + len(own)
+        summary = len(own) if whole.summary is not None else None
+        found[item] = _verdict(tool, outcomes[item.nodeid], sanitizer.SanitizerResult(tool, own, summary, whole.untouched))
+    for stdout, whole in wholes.items():
+        if len(whole.findings) != placed[stdout] or (whole.summary or 0) > len(whole.findings):
+            return None
+    return found
 
 
 def _run(config, items, tool: str) -> dict:
     return run_batch(config, items, wrapper=sanitizer.command(tool), env=sanitizer.environment())
 
 
-def _verdict(tool: str, outcome: ItemOutcome) -> tuple[str | None, str]:
-    found = sanitizer.parse(tool, outcome.stdout)
+def _verdict(tool: str, outcome: ItemOutcome, found: sanitizer.SanitizerResult | None = None) -> tuple[str | None, str]:
+    found = found or sanitizer.parse(tool, outcome.stdout)
     if outcome.died:
         return f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}", found.describe()
     if not found.clean:

@@ -33,7 +33,7 @@ Chunks of BT = 64 tokens; inside one (rows i, j), with ``h`` the state entering 
       h' = e^{G_C} h + Bg^T U + Kg^T V,                  Bg = b * e^{G_C - G}, Kg = k * e^{G_C - G}
 
 The four score matrices carry a per-channel gate, so they are built by levels
-(``kernels._levels``): at each level a reference row ``e`` between the pair splits
+(``kernels._gate_levels``): at each level a reference row ``e`` between the pair splits
 ``e^{G_i - G_j}`` (or ``e^{G^-_i - G_j}``, with ``e <= i - 1``) into two factors ``<= 1``.
 Every exponent the kernels evaluate is a sum of gates (``<= 0``): ``G``, ``G^-``,
 ``G_C - G`` and the in-block sums of the levels, each built without a subtraction, so
@@ -99,12 +99,14 @@ strong decay leave fp16's range).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from .. import _arch
-from .._utils import block_size, chunk_map as build_chunk_map
-from ._inputs import check_dplr_inputs, needs_grad
+from .. import _library as library
+from .._utils import block_size, chunk_map, contiguous
+from ._inputs import check_dplr_inputs
 from .chunk_bwd import chunk_bwd
 from .chunk_fwd import chunk_fwd
 
@@ -168,43 +170,46 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     )
 
 
-class _ChunkDplr(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens, chunk_map, num_seqs,
-                keep):
-        cfg = choose_configs(q.shape[-1], v.shape[-1], q.dtype)
-        o, final_state, saved = chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens,
-                                          chunk_map, num_seqs, keep, cfg)
-        if keep:
-            names = sorted(saved)
-            ctx.save_for_backward(q, k, v, a, b, gk, initial_state, *(saved[n] for n in names))
-            ctx.saved_names = names
-            ctx.args = (scale, cu_seqlens, chunk_map, num_seqs, cfg)
-        return o, final_state
+# what the backward reads, in the order the custom op passes it on
+SAVED = ("A_qb", "A_qk", "L", "M", "bg", "decay", "h", "kg", "qg", "u", "w")
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, a, b, gk, initial_state, *rest = ctx.saved_tensors
-        saved = dict(zip(ctx.saved_names, rest))
-        scale, cu_seqlens, chunk_map, num_seqs, cfg = ctx.args
-        dq, dk, dv, da, db, dg, dh0 = chunk_bwd(
-            q, k, v, a, b, gk, scale, initial_state, do.contiguous(),
-            dht.contiguous() if dht is not None else None, cu_seqlens, chunk_map, num_seqs, saved, cfg,
-        )
-        return dq, dk, dv, da, db, dg, None, dh0, None, None, None, None, None
+
+def _launch_plan(q, v, cu_seqlens, offsets):
+    """(configs, varlen chunk table or None, number of sequences) of one call."""
+    table = chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    return choose_configs(q.shape[-1], v.shape[-1], q.dtype), table, N
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             gk: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, *, keep, offsets):
+    """The forward launches; returns ``((o, final state or None), what the backward reads)``."""
+    q, k, v, a, b, gk, initial_state = contiguous(q, k, v, a, b, gk, initial_state)
+    cfg, table, N = _launch_plan(q, v, cu_seqlens, offsets)
+    o, final_state, saved = chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens,
+                                      table, N, keep, cfg)
+    return (o, final_state), tuple(saved[n] for n in SAVED) if keep else ()
+
+
+def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, *, offsets):
+    q, k, v, a, b, gk, initial_state, do, dht = contiguous(q, k, v, a, b, gk, initial_state, *grads)
+    cfg, table, N = _launch_plan(q, v, cu_seqlens, offsets)
+    dq, dk, dv, da, db, dg, dh0 = chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, table, N,
+                                           dict(zip(SAVED, saved)), cfg)
+    return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)
+
+
+OPS = {name: library.register(name, _forward, _backward) for name in ("chunk_dplr_delta_rule", "chunk_rwkv7")}
 
 
 def _run(op, names, q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
     p = check_dplr_inputs(op, names, q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens,
                           cu_seqlens_cpu)
     _arch.require_arch(op, 80, _arch.SM75_TILES)
-    table = build_chunk_map(p.offsets_host, CHUNK, q.device) if p.offsets_host is not None else None
-    q, k, v, a, b, gk = (t.contiguous() for t in (q, k, v, a, b, gk))
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    # what the backward reads is kept only when a backward can follow
-    keep = needs_grad(q, k, v, a, b, gk, initial_state)
-    return _ChunkDplr.apply(q, k, v, a, b, gk, p.scale, initial_state, output_final_state, cu_seqlens, table, p.N,
-                            keep)
+    return OPS[op](q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seqlens_cpu, p.scale, output_final_state,
+                   offsets=p.offsets_host)
 
 
 def chunk_dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state=None, output_final_state=False,

@@ -18,10 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
-from .._levels import level_pairs, right_half, sibling_totals
+from .._gate_levels import level_pairs, right_half, sibling_total
 from .._utils import cdiv, empty
 from .chunk_fwd import LEVELS, _decay_piece, load_chunk_rows
 
@@ -211,7 +212,7 @@ def qkabg_grad_kernel(
     L = b_g
     Lx = tl.zeros([BT, BK], dtype=tl.float32)
     R = tl.zeros([BT, BK], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
+    for level in range(LEVELS):
         right = right_half(level, BT)
         pairs = level_pairs(level, BT)
         eL = tl.exp(L)
@@ -229,7 +230,7 @@ def qkabg_grad_kernel(
         b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
         b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
         b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
-        total = sibling_totals(L, right, level, BT, BK)
+        total = sibling_total(L, right, level, BT, BK)
         L += tl.where(right, total, 0.0)
         Lx += tl.where(right, total, 0.0)
         R += tl.where(right, 0.0, total)
@@ -293,7 +294,7 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
             saved["qg"], saved["w"], saved["bg"], saved["A_qb"], saved["decay"], do, dht, dh, du, dh0,
             cu_seqlens, T, H=H, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.NKS, BV=cfg.state_BV,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
+            num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags, **COMPILE_OPTIONS,
         )
 
     dv = empty(v.shape, v.dtype, dev)
@@ -306,11 +307,11 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
         score_grad_kernel[(n_chunks * H,)](
             do, saved["u"], v, du, saved["kg"], dh, saved["A_qk"], saved["L"], saved["M"], dY, dv, *dA, dA_unit,
             cu_seqlens, chunk_map, T, H=H, K=K, V=V, BT=BT, BK=cfg.score_BK, BV=cfg.score_BV,
-            num_warps=cfg.score_warps, num_stages=1, **flags,
+            num_warps=cfg.score_warps, num_stages=1, **flags, **COMPILE_OPTIONS,
         )
         qkabg_grad_kernel[(n_chunks * H * cdiv(K, cfg.grad_BK),)](
             q, k, a, b, gk, do, saved["u"], v, dY, h, dh, *dA, dA_unit, dq, dk, da, db, dg,
             cu_seqlens, chunk_map, T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            num_warps=cfg.grad_warps, num_stages=1, **flags,
+            num_warps=cfg.grad_warps, num_stages=1, **flags, **COMPILE_OPTIONS,
         )
     return dq, dk, dv, da, db, dg, dh0

@@ -3,7 +3,7 @@
 The math is in ``kernels/dplr/chunk.py``. Three launches:
 
 1. ``intra_fwd_kernel``, one program per (chunk, head): the four gated score matrices by
-   levels (``kernels._levels``), the gate-scaled operands ``Qg = scale q e^{G}``,
+   levels (``kernels._gate_levels``), the gate-scaled operands ``Qg = scale q e^{G}``,
    ``Kg = k e^{G_C - G}``, ``Bg = b e^{G_C - G}``, ``Ag = a e^{G^-}``, the chunk decay
    ``e^{G_C}``, ``L = (I - A_ab)^{-1}``, ``W = L Ag``, ``M = L A_ak``, ``U~ = M V``.
 2. ``state_fwd_kernel``, one program per (sequence, head, value block), walking the chunks
@@ -19,16 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, rows_tile_t, state_piece_load,
     store_state_pieces,
 )
-from .._levels import level_pairs, right_half, sibling_totals
+from .. import _gate_levels
+from .._gate_levels import level_pairs, right_half, sibling_total
 from .._sequence import state_slots
 from .._triangular import unit_lower_inverse
 from .._utils import cdiv, empty
 
-LEVELS = tl.constexpr(6)  # log2 of the chunk length
+LEVELS = tl.constexpr(_gate_levels.LEVELS)  # log2 of the chunk length
 
 
 @triton.jit
@@ -90,7 +92,7 @@ def intra_fwd_kernel(
             b_Aqb += tl.where(pairs, mm(q_s, tl.trans(b_s)), 0.0)
             b_Aak += tl.where(pairs, mm(a_s, tl.trans(k_s)), 0.0)
             b_Aab += tl.where(pairs, mm(a_s, tl.trans(b_s)), 0.0)
-            total = sibling_totals(L, right, level, BT, BK)
+            total = sibling_total(L, right, level, BT, BK)
             L += tl.where(right, total, 0.0)
             Lx += tl.where(right, total, 0.0)
             R += tl.where(right, 0.0, total)
@@ -238,7 +240,7 @@ def chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_se
         intra_fwd_kernel[(n_chunks * H,)](
             q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, L, M, w, u_tilde, cu_seqlens, chunk_map, T, scale,
             H=H, K=K, V=V, BT=BT, BK=cfg.intra_BK, BV=cfg.intra_BV,
-            num_warps=cfg.intra_warps, num_stages=1, **flags,
+            num_warps=cfg.intra_warps, num_stages=1, **flags, **COMPILE_OPTIONS,
         )
     h = empty((n_slots, H, K, V), wt, dev)
     u = empty((B, T, H, V), wt, dev)
@@ -248,14 +250,14 @@ def chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_se
             w, u_tilde, v, bg, kg, decay, initial_state, h, u, final_state, cu_seqlens, T,
             H=H, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.NKS, BV=cfg.state_BV,
             USE_H0=initial_state is not None, STORE_HT=output_final_state,
-            num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
+            num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags, **COMPILE_OPTIONS,
         )
     o = empty(v.shape, v.dtype, dev)
     if n_chunks > 0:
         output_fwd_kernel[(n_chunks * H * cdiv(V, cfg.out_BV),)](
             qg, h, u, v, A_qk, A_qb, o, cu_seqlens, chunk_map, T,
             H=H, K=K, V=V, BT=BT, BK=cfg.out_BK, BV=cfg.out_BV,
-            num_warps=cfg.out_warps, num_stages=cfg.out_stages, **flags,
+            num_warps=cfg.out_warps, num_stages=cfg.out_stages, **flags, **COMPILE_OPTIONS,
         )
     saved = dict(qg=qg, kg=kg, bg=bg, w=w, A_qk=A_qk, A_qb=A_qb, L=L, M=M, decay=decay, h=h, u=u) if keep else None
     return o, final_state, saved

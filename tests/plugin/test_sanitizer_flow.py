@@ -17,23 +17,35 @@ from plugin_testing import run
 STAND_IN = r'''#!/usr/bin/env python3
 import os, subprocess, sys
 args = sys.argv[1:]
-tool = None
+if args == ["--help"]:
+    print("  --tool arg            memcheck, racecheck, initcheck or synccheck")
+    print("  --target-processes arg    application-only or all")
+    print("  --check-device-heap arg   yes or no")
+    sys.exit(0)
+tool, options = None, []
 while args and args[0].startswith("--"):  # every option the plugin passes takes a value
     if args[0] == "--tool":
         tool = args[1]
+    options += args[:2]
     args = args[2:]
 with open(os.environ["FAKE_SANITIZER_LOG"], "a") as log:
     log.write(f"{tool} {os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING')} {os.environ.get('CUDA_LAUNCH_BLOCKING')}\n")
+with open(os.environ["FAKE_SANITIZER_LOG"] + ".options", "a") as log:
+    log.write(" ".join(options) + "\n")
 print("========= COMPUTE-SANITIZER", flush=True)
 code = subprocess.call(args, env=dict(os.environ, FAKE_UNDER_TOOL="1"))
+errors = 0
+inline = os.environ["FAKE_SANITIZER_FINDING"] + ".inline"  # reports the program printed as it ran
+if os.path.exists(inline):
+    errors = len(open(inline).read().split())
+    os.remove(inline)
 if os.path.exists(os.environ["FAKE_SANITIZER_FINDING"]):
     os.remove(os.environ["FAKE_SANITIZER_FINDING"])  # one report per run that caused one
     print("========= Invalid __global__ read of size 4 bytes")
     print("=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31")
     print("=========     Address 0x7f0000000fa0 is out of bounds")
-    print("========= ERROR SUMMARY: 1 error")
-else:
-    print("========= ERROR SUMMARY: 0 errors")
+    errors += 1
+print(f"========= ERROR SUMMARY: {errors} error{'s' if errors != 1 else ''}")
 sys.exit(code)
 '''
 
@@ -137,7 +149,8 @@ def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch
     result = run(pytester, "--fla-sanitizer=memcheck,racecheck,synccheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
     result.assert_outcomes(passed=1)
     assert [r.split()[0] for r in log.read_text().splitlines()] == ["memcheck", "racecheck", "synccheck"]
-    assert "fla sanitizer: memcheck, racecheck, synccheck (each test re-run, in a subprocess)" in result.stdout.str()
+    assert "fla sanitizer: memcheck, racecheck, synccheck (each test re-run at small shapes, a check's tests for one op " \
+        "in one subprocess; a report lands on the test that was running)" in result.stdout.str()
 
 
 def test_a_module_reruns_in_one_process_and_one_by_one_after_a_report(pytester, monkeypatch):
@@ -148,8 +161,9 @@ def test_a_module_reruns_in_one_process_and_one_by_one_after_a_report(pytester, 
     out = result.stdout.str()
     assert "test_kernels.py::test_clean PASSED" in out
     assert "test_kernels.py::test_reads_past_the_end FAILED" in out
-    assert "a module's tests in one subprocess, one by one after a report" in out
-    # one run of both kernel-launching tests together, which reported; then each alone
+    assert "a module's tests in one subprocess" in out
+    # one run of both kernel-launching tests together, whose report came after both (it
+    # lands on neither); then each alone
     assert len(log.read_text().splitlines()) == 3
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == ["test_clean", "test_clean", "test_reads_past_the_end", "test_reads_past_the_end"]
@@ -187,3 +201,66 @@ def test_clean_after():
     # the tool outlives the program: the crash shows as its exit status, with the stderr
     assert "under compute-sanitizer memcheck: the test process exited with code" in out
     assert "Fatal Python error: Aborted" in out
+
+
+BATCH_PROJECT = KERNEL_AND_CLEAN_TEST + """
+import pytest
+
+RAN = []
+
+
+def report_inline():
+    # what the tool prints while a kernel runs: into the program's stdout, at that moment
+    os.write(1, b"========= Invalid __global__ read of size 4 bytes\\n"
+                b"=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31\\n")
+    with open(os.environ["FAKE_SANITIZER_FINDING"] + ".inline", "a") as f:
+        f.write("x\\n")
+
+
+@pytest.mark.parametrize("case", ["op-a", "op-b", "op-c", "op-d"])
+def test_op(case):
+    launch()
+    with open(os.environ["FAKE_SANITIZER_LOG"] + ".shapes", "a") as f:
+        f.write(os.environ.get("FLA_SMALL_SHAPES", "-") + "\\n")
+    if under_tool(f"test_op[{case}]"):
+        if case == "op-b" or (case == "op-d" and RAN):  # op-d reports only after another test ran
+            report_inline()
+        RAN.append(case)
+"""
+
+
+def test_a_batch_report_lands_on_the_test_that_was_running(pytester, monkeypatch):
+    """A check's tests for one op run in one process under the tool; a report that comes
+    while a test runs fails that test alone: it is confirmed by a run of that test alone,
+    and a report that comes only in company says so."""
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=BATCH_PROJECT)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=3, failed=2)
+    out = result.stdout.str()
+    for case in ("op-a", "op-c"):
+        assert f"PASSED test_kernels.py::test_op[{case}]" in out
+    assert "FAILED test_kernels.py::test_op[op-b] - compute-sanitizer memcheck: 1 error(s)" in out
+    assert "FAILED test_kernels.py::test_op[op-d] - compute-sanitizer memcheck: 1 error(s)" in out
+    assert "run alone it was clean" in out  # op-d's report came only in company
+    assert "run with 4 tests in one process" in out
+    # the batch under the tool, then op-b and op-d alone; not every test alone
+    under_tool = [t for t in (pytester.path / "sanitizer.log.tests").read_text().split() if t != "test_clean"]
+    assert sorted(under_tool) == sorted(f"test_op[{c}]" for c in ("op-a", "op-b", "op-b", "op-c", "op-d", "op-d"))
+    assert len(log.read_text().splitlines()) == 4  # test_clean's batch, test_op's, op-b and op-d alone
+    # the plain run used the tool's small shapes; the tool skipped what the checks do not need
+    assert set((pytester.path / "sanitizer.log.shapes").read_text().split()) == {"1"}
+    options = (pytester.path / "sanitizer.log.options").read_text().splitlines()[0]
+    assert "--target-processes application-only" in options and "--check-device-heap no" in options
+
+
+def test_batches_under_xdist_run_whole_in_one_worker(pytester, monkeypatch):
+    """-n 2 hands a worker a whole batch: the four tests run once each, under the tool in
+    one process."""
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=BATCH_PROJECT.replace('case == "op-b" or (case == "op-d" and RAN)', "False"))
+    result = run(pytester, "--fla-sanitizer=memcheck", "-n", "2", "-rA")
+    result.assert_outcomes(passed=5)
+    under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
+    assert sorted(under_tool) == ["test_clean"] + [f"test_op[{c}]" for c in ("op-a", "op-b", "op-c", "op-d")]
+    assert len(log.read_text().splitlines()) == 2  # test_clean's batch and test_op's

@@ -1,0 +1,117 @@
+"""Layers: GatedDeltaNet as a function of its parameters (``kernels.layers.gated_delta_net``).
+
+Every parameter is an input, so the generic checks run on the layer as they do on an op:
+forward and backward (through the input and every weight) against the float64
+composition of the references (``reference.layers``), packed sequences, bad inputs,
+devices, huge batches. Dims: ``C`` the hidden size, ``H`` / ``HV`` query-key / value
+heads of dims ``K`` / ``V``, ``W`` the conv width; ``HK = H K`` and ``HVV = HV V`` are
+derived. Weights are drawn as ``randn / sqrt(fan_in)`` (conv weights ``randn / 2``), so
+activations keep unit scale through the layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import torch
+
+from ..inputs import Arg, make_factory
+from ..spec import Case, ErrorInput, OpSpec, Sample
+from .common import INT64_DIMS, _replace, varlen_error_inputs
+
+ARGS = {
+    "x": Arg(("B", "T", "C")),
+    "q_weight": Arg(("HK", "C")),
+    "k_weight": Arg(("HK", "C")),
+    "v_weight": Arg(("HVV", "C")),
+    "a_weight": Arg(("HV", "C")),
+    "b_weight": Arg(("HV", "C")),
+    "A_log": Arg(("HV",), float32=True),
+    "dt_bias": Arg(("HV",), float32=True),
+    "q_conv_weight": Arg(("HK", "W")),
+    "k_conv_weight": Arg(("HK", "W")),
+    "v_conv_weight": Arg(("HVV", "W")),
+    "o_weight": Arg(("C", "HVV")),
+    "g_weight": Arg(("HVV", "C"), optional=True),
+    "norm_weight": Arg(("V",), "positive"),
+}
+FAN_IN = {"q_weight": "C", "k_weight": "C", "v_weight": "C", "a_weight": "C", "b_weight": "C",
+          "g_weight": "C", "o_weight": "HVV"}
+
+
+def _dims(case: Case) -> dict:
+    dims = dict(case.dims)
+    dims.setdefault("HV", dims["H"])
+    dims.setdefault("V", dims["K"])
+    dims.setdefault("C", dims["H"] * dims["K"])
+    dims.setdefault("W", 4)
+    dims["HK"], dims["HVV"] = dims["H"] * dims["K"], dims["HV"] * dims["V"]
+    return dims
+
+
+def _factory():
+    base = make_factory(ARGS)
+
+    def factory(case: Case, dtype, device, gen, lengths) -> Sample:
+        dims = _dims(case)
+        options = {k: v for k, v in case.options.items() if k != "output_final_state"}
+        sample = base(dataclasses.replace(case, dims=dims, options=options), dtype, device, gen, lengths)
+        kw = sample.kwargs
+        for name, fan_in in FAN_IN.items():
+            if name in kw:
+                kw[name] = kw[name] * dims[fan_in] ** -0.5
+        for name in ("q_conv_weight", "k_conv_weight", "v_conv_weight"):
+            kw[name] = kw[name] * 0.5
+        kw["num_heads"], kw["num_v_heads"] = dims["H"], dims["HV"]
+        return sample
+
+    return factory
+
+
+def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
+    case = spec.cases[0]
+    kw = spec.sample(case, "fp32", device).kwargs
+    yield ErrorInput("x_float64", _replace(kw, x=kw["x"].double()), TypeError, "`x`.*dtype")
+    yield ErrorInput("x_2d", _replace(kw, x=kw["x"][0].contiguous()), ValueError, "`x`")
+    yield ErrorInput("q_weight_bf16", _replace(kw, q_weight=kw["q_weight"].bfloat16()), TypeError, "`q_weight`")
+    for name in ("k_weight", "v_weight", "a_weight", "o_weight", "A_log", "v_conv_weight", "g_weight", "norm_weight"):
+        t = kw[name]
+        yield ErrorInput(f"{name}_shape", _replace(kw, **{name: t[..., :-1].contiguous()}), ValueError, f"`{name}`.*shape")
+    yield ErrorInput("num_heads_not_dividing", _replace(kw, num_heads=kw["num_v_heads"] + 1), ValueError, "num_heads|num_v_heads")
+    yield ErrorInput("mode_unknown", _replace(kw, mode="parallel"), ValueError, "`mode`")
+    yield from varlen_error_inputs(spec, case, device)
+
+
+SMALL = {"B": 2, "T": 80, "C": 32, "H": 1, "HV": 2, "K": 16, "V": 24}
+GPU = {"B": 2, "T": 2048, "C": 1024, "H": 4, "HV": 8, "K": 128, "V": 128}
+
+GATED_DELTA_NET = OpSpec(
+    name="gated_delta_net",
+    family="layers",
+    op="kernels.layers.gated_delta_net",
+    reference="reference.layers.gated_delta_net",
+    factory=_factory(),
+    cases=(
+        # a ragged second chunk, grouped value heads, the swish-gated output norm
+        Case("chunk_gva_gate", SMALL, options={"g_weight": True}, gpu_dims=GPU),
+        # the inference path for short inputs: one pass over time, a plain output norm
+        Case("fused_recurrent_short", {"B": 2, "T": 20, "C": 24, "H": 2, "K": 16, "V": 16},
+             options={"mode": "fused_recurrent"},
+             gpu_dims={"B": 8, "T": 64, "C": 1024, "H": 8, "K": 128, "V": 128}),
+    ),
+    grads=tuple(name for name in ARGS),
+    errors=_errors,
+    outputs=("y",),
+    chunk_size=64,
+    compile_cases=(
+        Case("d128", {"B": 1, "T": 128, "C": 512, "H": 2, "HV": 4, "K": 128, "V": 128}, options={"g_weight": True}),
+    ),
+    min_arch=(80, "chunk_gated_delta_rule's [64, K] tiles exceed sm75's 64 KB of shared memory"),
+    # the reported layer: hidden 128, 6 heads of 16, value heads of 32 (B * H = 65538)
+    huge_grid={"B": 10923, "T": 32, "C": 128, "H": 6, "K": 16, "V": 32},
+    int64_dims=INT64_DIMS,
+    args=ARGS,
+)
+
+SPECS = [GATED_DELTA_NET]

@@ -1,0 +1,103 @@
+"""``kernels.layers.GatedDeltaNet`` (the module) against its float64 composition of the
+references (``reference.layers.gated_delta_net``), forward and backward through the
+input and every parameter, under the tolerance rule of ``pytest_fla/tolerance.py``.
+
+The functional form has a spec (``pytest_fla/specs/layers.py``) and so the generic
+checks; here it is the module: its parameters reach the function, its gradients reach
+its parameters, and it picks the fused-recurrent kernel for short inputs at inference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+from kernels.layers import GatedDeltaNet
+from pytest_fla.checks import cotangents, dtype_skip_reason, numeric_device
+from pytest_fla.tolerance import assert_close
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@pytest.fixture(params=list(DTYPES))
+def dtype(request):
+    reason = dtype_skip_reason(request.param, numeric_device())
+    if reason:
+        pytest.skip(reason)
+    return request.param
+
+
+def _layer(dtype, **sizes):
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(**sizes).to(numeric_device())
+    with torch.no_grad():  # random gates and norm weight rather than their initial constants
+        layer.norm_weight.normal_(1.0, 0.1)
+        layer.A_log.normal_(0.0, 1.0)
+        layer.dt_bias.normal_(0.0, 1.0)
+    return layer.to(DTYPES[dtype])
+
+
+def _reference(layer, x):
+    """The module's parameters, as float64 leaves, through the reference composition."""
+    params = {name: p.detach().double().requires_grad_(True) for name, p in layer.named_parameters()}
+    y = reference.layers.gated_delta_net(
+        x, params["q_proj.weight"], params["k_proj.weight"], params["v_proj.weight"], params["a_proj.weight"],
+        params["b_proj.weight"], params["A_log"], params["dt_bias"], params["q_conv_weight"],
+        params["k_conv_weight"], params["v_conv_weight"], params["o_proj.weight"],
+        g_weight=params.get("g_proj.weight"), norm_weight=params["norm_weight"],
+        num_heads=layer.num_heads, num_v_heads=layer.num_v_heads, norm_eps=layer.norm_eps,
+    )
+    return y, params
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["chunk", "eval_short_fused_recurrent"])
+def test_module_matches_reference(dtype, training):
+    layer = _layer(dtype, hidden_size=32, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5)
+    layer.train(training)
+    device = numeric_device()
+    gen = torch.Generator().manual_seed(1)
+    T = 70 if training else 40  # at inference T <= 64 takes the fused-recurrent kernel
+    x = torch.randn(2, T, 32, generator=gen).to(device, DTYPES[dtype]).requires_grad_(True)
+    y = layer(x)
+    x64 = x.detach().double().requires_grad_(True)
+    y_ref, params = _reference(layer, x64)
+    assert_close("GatedDeltaNet.y", y, y_ref, dtype)
+
+    (dy,) = cotangents([y], seed=2)
+    y.backward(dy)
+    y_ref.backward(dy.double())
+    assert_close("GatedDeltaNet: dx", x.grad, x64.grad, dtype, "backward")
+    for name, p in layer.named_parameters():
+        assert p.grad is not None, f"no gradient reached {name}"
+        assert_close(f"GatedDeltaNet: d{name}", p.grad, params[name].grad, dtype, "backward")
+
+
+def test_eval_short_input_takes_fused_recurrent(monkeypatch):
+    """At inference, T <= 64 runs the one-pass kernel; training and long inputs the chunked one."""
+    from kernels.layers import gated_deltanet
+
+    modes = []
+    real = gated_deltanet.gated_delta_net
+    monkeypatch.setattr(gated_deltanet, "gated_delta_net", lambda *a, **kw: modes.append(kw["mode"]) or real(*a, **kw))
+    layer = _layer("fp32", hidden_size=16, head_dim=16, num_heads=1, expand_v=1.0, use_gate=False)
+    x = torch.randn(1, 8, 16, device=numeric_device())
+    with torch.no_grad():
+        layer.eval()(x)
+        layer.eval()(torch.randn(1, 65, 16, device=numeric_device()))
+        layer.train()(x)
+    assert modes == ["fused_recurrent", "chunk", "chunk"]
+
+
+def test_packed_sequences_match_separate_calls():
+    """``cu_seqlens`` through the module: each packed sequence gives what it gives alone."""
+    layer = _layer("fp32", hidden_size=16, head_dim=16, num_heads=1, expand_v=1.0).eval()
+    device = numeric_device()
+    lengths = (5, 0, 67)
+    x = torch.randn(1, sum(lengths), 16, device=device)
+    cu = torch.tensor([0, 5, 5, 72], device=device)
+    with torch.no_grad():
+        packed = layer(x, cu_seqlens=cu)
+        for start, end in ((0, 5), (5, 72)):
+            alone = layer(x[:, start:end])
+            assert_close(f"packed[{start}:{end}] vs alone", packed[:, start:end], alone.double(), "fp32", "agreement")
