@@ -108,6 +108,22 @@ def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool
     return make
 
 
+def dplr_inputs(names=("q", "gk")):
+    """RWKV-7's inputs (OPS.md): kk a unit vector, a = -kk, b = kk * sigmoid, the log decay
+    w = -e^{-1/2} sigmoid; ``names``: what the op calls q and the gate (r, w for rwkv7)."""
+
+    def make():
+        B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+        kk = F.normalize(rand(B, T, H, K, dtype=torch.float32), dim=-1)
+        gate = -math.exp(-0.5) * torch.sigmoid(rand(B, T, H, K, dtype=torch.float32))
+        b = kk * torch.sigmoid(rand(B, T, H, K, dtype=torch.float32))
+        q_name, gate_name = names
+        return {q_name: rand(B, T, H, K), "k": rand(B, T, H, K), "v": rand(B, T, H, V),
+                "a": (-kk).to(torch.bfloat16), "b": b.to(torch.bfloat16), gate_name: gate.to(torch.bfloat16)}
+
+    return make
+
+
 def module_inputs(kind: str):
     def make():
         B, T, H, D = MODULE["B"], MODULE["T"], MODULE["H"], MODULE["D"]
@@ -331,6 +347,9 @@ BENCHES = [
     Bench("gated_deltanet_layer_core", "kernels.layers.GatedDeltaNet", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", layer_inputs, ("x",),
           call=call_layer, peer_call=call_layer, build=build_layer, peer_build=build_core_layer,
           notes=["peer: the layer composed from fla-core's ShortConvolution, FusedRMSNormGated, chunk_gated_delta_rule"]),
+    Bench("chunk_rwkv7", "kernels.chunk_rwkv7", "fla.ops.rwkv7.chunk_rwkv7", dplr_inputs(("r", "w")), ("r", "w", "k", "v", "a", "b")),
+    Bench("chunk_dplr_delta_rule", "kernels.chunk_dplr_delta_rule", "fla.ops.generalized_delta_rule.chunk_dplr_delta_rule", dplr_inputs(), ("q", "k", "v", "a", "b", "gk")),
+    Bench("fused_recurrent_rwkv7", "kernels.fused_recurrent_rwkv7", "fla.ops.rwkv7.fused_recurrent_rwkv7", dplr_inputs(("r", "w")), ("r", "w", "k", "v", "a", "b")),
 ]
 
 

@@ -15,6 +15,7 @@ from .rotary import RotaryEmbedding, apply_rotary, rotary_embedding
 from .simple_gla.chunk import chunk_linear_attn, chunk_retention, chunk_simple_gla  # noqa: E402
 from .gla.chunk import chunk_gla  # noqa: E402
 from .delta_rule.fused_recurrent import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda  # noqa: E402
+from .dplr.chunk import chunk_dplr_delta_rule, chunk_rwkv7  # noqa: E402
 from .dplr.fused_recurrent import fused_recurrent_dplr_delta_rule, fused_recurrent_rwkv7  # noqa: E402
 from .attention import parallel_attn  # noqa: E402
 from .hgrn.chunk import chunk_hgrn  # noqa: E402

@@ -17,7 +17,11 @@ the sums of the next level by adding the sibling block's total, never subtractin
 the last level ``L = G`` and ``R = G_last - G``; :func:`next_level_sums_exclusive` keeps
 ``X = L - g`` instead of ``L`` (a query reading the state before its own token, rwkv6),
 ending at ``X = G - g``. Used by ``kernels/gla/chunk.py`` (whose
-docstring derives it) and ``kernels/delta_rule/chunk_kda.py``.
+docstring derives it), ``kernels/delta_rule/chunk_kda.py`` and ``kernels/dplr/``.
+
+``level`` may be a compile-time constant (``tl.static_range``: the levels unrolled) or a
+loop variable (``range``: the body compiles once, which keeps the compile time of a kernel
+with many products per level down).
 """
 
 from __future__ import annotations
@@ -29,13 +33,13 @@ LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition of a 64-ro
 
 
 @triton.jit
-def right_half(level: tl.constexpr, BT: tl.constexpr):
+def right_half(level, BT: tl.constexpr):
     """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
     return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
 
 
 @triton.jit
-def next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def next_level_sums(L, R, right, level, BT: tl.constexpr, BD: tl.constexpr):
     """In-block gate sums at ``level + 1`` from those at ``level``.
 
     At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
@@ -44,34 +48,34 @@ def next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.c
     sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
     value stays a sum of same-sign terms: no cancellation, however large the decay.
     """
-    total = _sibling_total(L, right, level, BT, BD)
+    total = sibling_total(L, right, level, BT, BD)
     return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
 
 
 @triton.jit
-def next_level_sums_exclusive(X, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def next_level_sums_exclusive(X, R, g, right, level, BT: tl.constexpr, BD: tl.constexpr):
     """:func:`next_level_sums` with the right rows' sums exclusive of their own row:
     ``X_i = L_i - g_i``, the sum of ``g`` over i's block *before* ``i``, for a query that
     reads the state before its token's update (rwkv6). The sibling's total is ``X + g`` at
     its last row (two terms of one sign), so every value is still a same-sign sum."""
-    total = _sibling_total(X + g, right, level, BT, BD)
+    total = sibling_total(X + g, right, level, BT, BD)
     return X + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
 
 
 @triton.jit
-def _sibling_total(L, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+def sibling_total(L, right, level, BT: tl.constexpr, BD: tl.constexpr):
     """``L`` at the last row of each row's sibling block: the sibling's sum of ``g``."""
-    s: tl.constexpr = 1 << level
+    s = 1 << level
     rows = tl.arange(0, BT)[:, None]
     sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
     return tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
 
 
 @triton.jit
-def level_pairs(level: tl.constexpr, BT: tl.constexpr):
+def level_pairs(level, BT: tl.constexpr):
     """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
     j in the first half of the same block of ``2 * 2**level`` rows."""
-    s: tl.constexpr = 1 << level
+    s = 1 << level
     bi = tl.arange(0, BT)[:, None] // s
     bj = tl.arange(0, BT)[None, :] // s
     return (bi - bj == 1) & (bj % 2 == 0)

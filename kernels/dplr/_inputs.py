@@ -14,7 +14,9 @@ import torch
 
 from .. import _validate as val
 
-MAX_HEAD_DIM = 256
+# Head dims the kernels are built and compile-checked for (RWKV-7 and DPLR models use 64
+# and 128): the chunk kernels' score and level tiles are sized for them.
+MAX_HEAD_DIM = 128
 
 
 @dataclass

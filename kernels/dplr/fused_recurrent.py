@@ -217,10 +217,10 @@ def dplr_fused_bwd_kernel(
 
 
 @triton.jit
-def _part_sum(part, out, rows, cols, mask, n_rows, NV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+def _part_sum(part, out, rows, mask, slice_len, NV: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
     acc = tl.zeros([BR, BK], dtype=tl.float32)
     for i_v in range(0, NV):
-        acc += tl.load(part + i_v * n_rows + rows, mask=mask, other=0.0)
+        acc += tl.load(part + i_v * slice_len + rows, mask=mask, other=0.0)
     tl.store(out + rows, acc.to(out.dtype.element_ty), mask=mask)
 
 
@@ -235,12 +235,12 @@ def dplr_fused_reduce_kernel(
     c = tl.arange(0, BK)
     mask = (r < n_rows)[:, None] & (c < K)[None, :]
     rows = r[:, None] * K + c[None, :]
-    total = n_rows * K
-    _part_sum(dq_part, dq, rows, c, mask, total, NV, BR, BK)
-    _part_sum(dk_part, dk, rows, c, mask, total, NV, BR, BK)
-    _part_sum(da_part, da, rows, c, mask, total, NV, BR, BK)
-    _part_sum(db_part, db, rows, c, mask, total, NV, BR, BK)
-    _part_sum(dg_part, dg, rows, c, mask, total, NV, BR, BK)
+    total = tl.cast(n_rows, tl.int64) * K  # elements of one partial slice: past 2**31 at large batches
+    _part_sum(dq_part, dq, rows, mask, total, NV, BR, BK)
+    _part_sum(dk_part, dk, rows, mask, total, NV, BR, BK)
+    _part_sum(da_part, da, rows, mask, total, NV, BR, BK)
+    _part_sum(db_part, db, rows, mask, total, NV, BR, BK)
+    _part_sum(dg_part, dg, rows, mask, total, NV, BR, BK)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -323,7 +323,7 @@ def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state
     q, k, a, b, gk [B, T, H, K]; v [B, T, H, V]; ``o_t = S_t^T (scale q_t)``, scale
     defaulting to K^-0.5. initial_state [N, H, K, V] float32; returns (o, final_state or
     None). ``cu_seqlens`` (with ``cu_seqlens_cpu`` to skip the host sync) packs N sequences
-    into B = 1.
+    into B = 1. K and V up to 128.
     """
     return _run("fused_recurrent_dplr_delta_rule", {}, q, k, v, a, b, gk, scale, initial_state,
                 output_final_state, cu_seqlens, cu_seqlens_cpu)
