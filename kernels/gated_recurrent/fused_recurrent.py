@@ -113,32 +113,66 @@ def fused_recurrent_fwd_kernel(
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + tile, mask=m_kv, other=0.0)
+    # The step's inputs are loaded one step ahead: each step is a few hundred cycles of
+    # arithmetic on a state in registers, and with loads issued where they are used every
+    # step would wait out a full memory latency (a few hundred programs, one pass over T).
+    # Each step's row: ``row``; the loads in flight are for ``row + H``.
     row = bos * H + i_h  # (token, head) row of the current step
+    QW: tl.constexpr = V if DQ_MODE else K  # q's row length (do's, in DQ_MODE)
+    q_cols = o_v if DQ_MODE else o_k
+    m_q = m_v if DQ_MODE else m_k
+    o_1 = tl.arange(0, 1)  # the scalar gate as a [1] tile, so that its mask is a tensor
+    m_1 = o_1 < 1
+    ahead = T_seq > 0
+    nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
+    nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
+    nq = tl.load(q + row * QW + q_cols, mask=m_q & ahead, other=0.0)
+    ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
     for t in range(T_seq):
         if STORE_CHECKPOINTS:
             if t % SEG == 0:
                 tl.store(checkpoints + ((slot0 + t // SEG) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                          S, mask=m_kv)
-        bk = tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        bv = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        bk, bv, bq, bg, bgk = nk.to(tl.float32), nv.to(tl.float32), nq.to(tl.float32), ng, ngk
+        nxt = row + H
+        ahead = t + 1 < T_seq
+        nk = tl.load(k + nxt * K + o_k, mask=m_k & ahead, other=0.0)
+        nv = tl.load(v + nxt * V + o_v, mask=m_v & ahead, other=0.0)
+        nq = tl.load(q + nxt * QW + q_cols, mask=m_q & ahead, other=0.0)
+        if USE_G:
+            ng = tl.load(g + nxt + o_1, mask=m_1 & ahead, other=0.0)
+        if USE_GK:
+            ngk = tl.load(gk + nxt * K + o_k, mask=m_k & ahead, other=0.0)
         a = tl.zeros([BK], dtype=tl.float32)
         if USE_G:
-            a += tl.load(g + row).to(tl.float32)
+            a += bg.to(tl.float32)
         if USE_G_GAMMA:
             a += gamma
         if USE_GK:
-            a += tl.load(gk + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            a += bgk.to(tl.float32)
         S = _decayed(S, a, decay_hi, decay_lo, CONSTANT) + bk[:, None] * bv[None, :]
         if DQ_MODE:
-            bdo = tl.load(q + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-            tl.store(readout + i_v * n_rows * H * K + row * K + o_k, tl.sum(S * bdo[None, :], 1) * scale, mask=m_k)
+            tl.store(readout + i_v * n_rows * H * K + row * K + o_k, tl.sum(S * bq[None, :], 1) * scale, mask=m_k)
         else:
-            bq = tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
             tl.store(readout + row * V + o_v, (tl.sum(S * bq[:, None], 0) * scale).to(readout.dtype.element_ty),
                      mask=m_v)
-        row += H
+        row = nxt
     if STORE_HT:
         tl.store(ht + tile, S, mask=m_kv)
+
+
+@triton.jit
+def _first_gates(g, gk, row, ahead, o_k, m_k, K: tl.constexpr, USE_G: tl.constexpr, USE_GK: tl.constexpr):
+    """The gates of the first step a loop loads ahead: the scalar g as a [1] tile (its mask
+    then is a tensor), gk as a [BK] row; 0.0 for a gate not used."""
+    ng = 0.0
+    if USE_G:
+        o_1 = tl.arange(0, 1)
+        ng = tl.load(g + row + o_1, mask=(o_1 < 1) & ahead, other=0.0)
+    ngk = 0.0
+    if USE_GK:
+        ngk = tl.load(gk + row * K + o_k, mask=m_k & ahead, other=0.0)
+    return ng, ngk
 
 
 @triton.jit
@@ -202,6 +236,8 @@ def fused_recurrent_bwd_kernel(
     slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG, IS_VARLEN)
     if USE_G_GAMMA:
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
+    o_1 = tl.arange(0, 1)  # the scalar gate as a [1] tile, so that its mask is a tensor
+    m_1 = o_1 < 1
 
     # pass 2: backward in time, one segment of SEG steps at a time
     dS = tl.zeros([BK, BV], dtype=tl.float32)
@@ -223,16 +259,31 @@ def fused_recurrent_bwd_kernel(
             B_end = tl.sum(tl.where(o_s[None, :] == SEG - 1, B_c, 0.0), 1)
             Y = tl.dot(dS, tl.trans(v_seg), input_precision=PRECISION)
             Y *= tl.exp((B_end[:, None] - B_c).to(tl.float32))
+        # as in the forward, each step's inputs are loaded one step ahead (here: the step before)
+        row = (bos + seg * SEG + SEG - 1) * H + i_h
+        ahead = seg * SEG + SEG - 1 < T_seq
+        nq = tl.load(q + row * K + o_k, mask=m_k & ahead, other=0.0)
+        nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
+        nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
+        ndo = tl.load(do + row * V + o_v, mask=m_v & ahead, other=0.0)
+        ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
         for jj in range(SEG):
             j = SEG - 1 - jj
             valid = seg * SEG + j < T_seq
             row = (bos + seg * SEG + j) * H + i_h
             m_kt = m_k & valid
             m_vt = m_v & valid
-            bq = tl.load(q + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
-            bk = tl.load(k + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
-            bv = tl.load(v + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
-            bdo = tl.load(do + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
+            bq, bk, bv, bdo, bg, bgk = nq.to(tl.float32), nk.to(tl.float32), nv.to(tl.float32), ndo.to(tl.float32), ng, ngk
+            prev = row - H
+            ahead = (jj + 1 < SEG) & (seg * SEG + j - 1 < T_seq)
+            nq = tl.load(q + prev * K + o_k, mask=m_k & ahead, other=0.0)
+            nk = tl.load(k + prev * K + o_k, mask=m_k & ahead, other=0.0)
+            nv = tl.load(v + prev * V + o_v, mask=m_v & ahead, other=0.0)
+            ndo = tl.load(do + prev * V + o_v, mask=m_v & ahead, other=0.0)
+            if USE_G:
+                ng = tl.load(g + prev + o_1, mask=m_1 & ahead, other=0.0)
+            if USE_GK:
+                ngk = tl.load(gk + prev * K + o_k, mask=m_k & ahead, other=0.0)
             dS += (bq * scale)[:, None] * bdo[None, :]
             tl.store(dk_part + slab + row * K + o_k, tl.sum(dS * bv[None, :], 1), mask=m_kt)
             tl.store(dv + row * V + o_v, tl.sum(dS * bk[:, None], 0).to(dv.dtype.element_ty), mask=m_vt)
@@ -249,11 +300,11 @@ def fused_recurrent_bwd_kernel(
             if GATED:
                 a = tl.zeros([BK], dtype=tl.float32)
                 if USE_G:
-                    a += tl.load(g + row, mask=valid, other=0.0).to(tl.float32)
+                    a += bg.to(tl.float32)
                 if USE_G_GAMMA:
                     a += tl.where(valid, gamma, 0.0)
                 if USE_GK:
-                    a += tl.load(gk + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
+                    a += bgk.to(tl.float32)
                 dS *= tl.exp(a)[:, None]
     if STORE_DH0:
         tl.store(dh0 + tile, dS, mask=m_kv)
@@ -302,10 +353,17 @@ SEGMENT = 16
 def _configs(K: int, V: int, backward: bool) -> dict:
     """Block sizes: the state tile [BK, BV] in fp32 registers, ~64 registers a thread at
     4 warps in the forward. The backward holds the state, its gradient and the segment's
-    [BK, SEG] tiles at once, so it takes half as wide a V block, and 8 warps for large
-    tiles. No shared memory beyond Triton's reductions and the one small dot, on every arch."""
+    [BK, SEG] tiles at once, and 8 warps for large tiles. No shared memory beyond Triton's
+    reductions and the one small dot, on every arch.
+
+    The backward's second pass takes ~235 registers a thread at 8 warps whatever BV (the
+    [BK, SEG] tiles dominate; ptxas, sm90, K = 128): one program per SM, so the programs
+    run in waves, each a whole pass over T. At K = 128 a 64-wide V block (242 registers
+    with a scalar gate, 255 and 12 bytes of spills per channel) halves the programs, hence the waves, against 32 (at B * H = 64 on 132 SMs:
+    one wave instead of two), for a longer step. K = 256 stays at 16 (64 spills there)."""
     BK = block_size(K)
-    BV = max(16, min(block_size(V), (4096 if backward else 8192) // BK))
+    budget = 8192 if (not backward or BK == 128) else 4096
+    BV = max(16, min(block_size(V), budget // BK))
     return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= (2048 if backward else 8192) else 8)
 
 
