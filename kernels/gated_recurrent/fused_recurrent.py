@@ -121,9 +121,11 @@ def fused_recurrent_fwd_kernel(
     QW: tl.constexpr = V if DQ_MODE else K  # q's row length (do's, in DQ_MODE)
     q_cols = o_v if DQ_MODE else o_k
     m_q = m_v if DQ_MODE else m_k
-    o_1 = tl.arange(0, 1)  # the scalar gate as a [1] tile, so that its mask is a tensor
+    # o_1: the scalar gate as a [1] tile; every "load ahead" flag is a [1] tensor too (built
+    # on o_1), never a scalar comparison: a mask must be a boolean tensor on every Triton
+    o_1 = tl.arange(0, 1)
     m_1 = o_1 < 1
-    ahead = T_seq > 0
+    ahead = o_1 < T_seq
     nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
     nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
     nq = tl.load(q + row * QW + q_cols, mask=m_q & ahead, other=0.0)
@@ -135,7 +137,7 @@ def fused_recurrent_fwd_kernel(
                          S, mask=m_kv)
         bk, bv, bq, bg, bgk = nk.to(tl.float32), nv.to(tl.float32), nq.to(tl.float32), ng, ngk
         nxt = row + H
-        ahead = t + 1 < T_seq
+        ahead = o_1 + t + 1 < T_seq
         nk = tl.load(k + nxt * K + o_k, mask=m_k & ahead, other=0.0)
         nv = tl.load(v + nxt * V + o_v, mask=m_v & ahead, other=0.0)
         nq = tl.load(q + nxt * QW + q_cols, mask=m_q & ahead, other=0.0)
@@ -168,7 +170,7 @@ def _first_gates(g, gk, row, ahead, o_k, m_k, K: tl.constexpr, USE_G: tl.constex
     ng = 0.0
     if USE_G:
         o_1 = tl.arange(0, 1)
-        ng = tl.load(g + row + o_1, mask=(o_1 < 1) & ahead, other=0.0)
+        ng = tl.load(g + row + o_1, mask=ahead, other=0.0)
     ngk = 0.0
     if USE_GK:
         ngk = tl.load(gk + row * K + o_k, mask=m_k & ahead, other=0.0)
@@ -236,7 +238,7 @@ def fused_recurrent_bwd_kernel(
     slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG, IS_VARLEN)
     if USE_G_GAMMA:
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
-    o_1 = tl.arange(0, 1)  # the scalar gate as a [1] tile, so that its mask is a tensor
+    o_1 = tl.arange(0, 1)  # as in the forward: the scalar gate and the "load ahead" flags as [1] tiles
     m_1 = o_1 < 1
 
     # pass 2: backward in time, one segment of SEG steps at a time
@@ -261,7 +263,7 @@ def fused_recurrent_bwd_kernel(
             Y *= tl.exp((B_end[:, None] - B_c).to(tl.float32))
         # as in the forward, each step's inputs are loaded one step ahead (here: the step before)
         row = (bos + seg * SEG + SEG - 1) * H + i_h
-        ahead = seg * SEG + SEG - 1 < T_seq
+        ahead = o_1 + seg * SEG + SEG - 1 < T_seq
         nq = tl.load(q + row * K + o_k, mask=m_k & ahead, other=0.0)
         nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
         nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
@@ -269,13 +271,13 @@ def fused_recurrent_bwd_kernel(
         ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
         for jj in range(SEG):
             j = SEG - 1 - jj
-            valid = seg * SEG + j < T_seq
+            valid = o_1 + seg * SEG + j < T_seq  # a [1] tensor, like the masks built on it
             row = (bos + seg * SEG + j) * H + i_h
             m_kt = m_k & valid
             m_vt = m_v & valid
             bq, bk, bv, bdo, bg, bgk = nq.to(tl.float32), nk.to(tl.float32), nv.to(tl.float32), ndo.to(tl.float32), ng, ngk
             prev = row - H
-            ahead = (jj + 1 < SEG) & (seg * SEG + j - 1 < T_seq)
+            ahead = (o_1 + jj + 1 < SEG) & (o_1 + seg * SEG + j - 1 < T_seq)
             nq = tl.load(q + prev * K + o_k, mask=m_k & ahead, other=0.0)
             nk = tl.load(k + prev * K + o_k, mask=m_k & ahead, other=0.0)
             nv = tl.load(v + prev * V + o_v, mask=m_v & ahead, other=0.0)
@@ -296,7 +298,7 @@ def fused_recurrent_bwd_kernel(
                 if USE_GK:
                     tl.store(dg_part + slab + row * K + o_k, dg_t, mask=m_kt)
                 else:
-                    tl.store(dg_part + i_v * n_rows * H + row, tl.sum(dg_t, 0), mask=valid)
+                    tl.store(dg_part + i_v * n_rows * H + row + o_1, tl.zeros([1], tl.float32) + tl.sum(dg_t, 0), mask=valid)
             if GATED:
                 a = tl.zeros([BK], dtype=tl.float32)
                 if USE_G:
