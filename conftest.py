@@ -1,0 +1,34 @@
+"""Repo-level test setup: this repository's op specs, handed to the plugin through the
+``pytest_fla_specs`` hook, the way any repository hands over its own
+(``docs/plugin-api.md``).
+
+``--fla-impl`` picks whose kernels the specs call: ``kernels`` (this repo's, the
+default) or ``fla`` (the peer library, fla-core: ``pytest_fla/peer.py``).
+"""
+
+import pytest
+
+IMPLEMENTATIONS = ("kernels", "fla")
+
+
+def pytest_fla_specs(config):
+    impl = config.getoption("fla_impl") or "kernels"
+    if impl == "kernels":
+        from pytest_fla.specs import all_specs
+
+        return all_specs()
+    if impl == "fla":
+        from pytest_fla.peer import peer_specs
+
+        return peer_specs()
+    raise pytest.UsageError(f"--fla-impl={impl}: this repository checks {' or '.join(IMPLEMENTATIONS)}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # fla-core allocates with torch.empty: poison torch's allocators for its run (this
+    # repo's own kernels read kernels._utils.POISON_ALLOCATIONS, the ini's setting)
+    if config.getoption("fla_impl") == "fla":
+        from pytest_fla import poison
+
+        poison.configure(["torch"])

@@ -49,6 +49,11 @@ LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
+# Softmax attention: dense causal against SDPA's flash backend (every head its own k and v
+# on both sides), packed sequences of mixed lengths against the peer's varlen kernel with
+# grouped heads (HKV = 4).
+ATTENTION = dict(B=4, T=4096, H=16, HKV=4, D=128, lengths=(512, 3584, 4096, 1024, 2048, 5120))
+HGRN = dict(B=4, T=4096, D=2048)
 
 
 @dataclass
@@ -185,6 +190,59 @@ def call_eps(fn, kwargs):
     return strict_call(fn, {**kwargs, "eps": 1e-6})
 
 
+def rwkv6_inputs():
+    """r, k, v and the bonus u in bf16, the log decay w in fp32 (as models keep it)."""
+    B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+    return dict(r=rand(B, T, H, K), k=rand(B, T, H, K), v=rand(B, T, H, V),
+                w=F.logsigmoid(rand(B, T, H, K, dtype=torch.float32)) / 8, u=rand(H, K))
+
+
+def hgrn_inputs():
+    B, T, D = HGRN["B"], HGRN["T"], HGRN["D"]
+    return dict(x=rand(B, T, D), g=F.logsigmoid(rand(B, T, D, dtype=torch.float32)).to(torch.bfloat16))
+
+
+def attention_inputs(varlen: bool):
+    def make():
+        H, HKV, D = ATTENTION["H"], ATTENTION["HKV"], ATTENTION["D"]
+        if not varlen:
+            B, T = ATTENTION["B"], ATTENTION["T"]
+            return dict(q=rand(B, T, H, D), k=rand(B, T, H, D), v=rand(B, T, H, D))
+        lengths = ATTENTION["lengths"]
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        cu_seqlens = torch.tensor(offsets, device=DEVICE, dtype=torch.int64)
+        T = offsets[-1]
+        return dict(q=rand(1, T, H, D), k=rand(1, T, HKV, D), v=rand(1, T, HKV, D), cu_seqlens=cu_seqlens)
+
+    return make
+
+
+def attention_flops(varlen: bool):
+    """Causal attention: q k^T and p v, each 2 D FLOPs per visible (query, key) pair, half
+    of the T^2 pairs visible: ``2 * 2 * H * D * T^2 / 2`` per sequence forward. The backward
+    has five such products (scores recomputed, dv, dp, dq, dk), 2.5 times the forward, so
+    forward+backward counts 3.5 times it."""
+    def count():
+        H, D = ATTENTION["H"], ATTENTION["D"]
+        squares = sum(n * n for n in ATTENTION["lengths"]) if varlen else ATTENTION["B"] * ATTENTION["T"] ** 2
+        fwd = 2 * 2 * H * D * squares / 2
+        return fwd, 3.5 * fwd
+
+    return count
+
+
+def call_sdpa_flash(fn, kwargs):
+    """SDPA restricted to its flash backend; [B, T, H, D] read as [B, H, T, D] through
+    strides, no copy either way."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (kwargs[n].transpose(1, 2) for n in ("q", "k", "v"))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return fn(q, k, v, is_causal=True).transpose(1, 2)
+
+
 D = MODULE["D"]
 BENCHES = [
     Bench("chunk_simple_gla", "kernels.chunk_simple_gla", "fla.ops.simple_gla.chunk_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g"), flops=chunk_flops()),
@@ -203,6 +261,13 @@ BENCHES = [
     Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("norm"), ("x", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
     Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
     Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), call=call_conv, peer_call=call_conv),
+    Bench("parallel_attn_vs_sdpa", "kernels.parallel_attn", "torch.nn.functional.scaled_dot_product_attention", attention_inputs(False), ("q", "k", "v"),
+          peer_call=call_sdpa_flash, flops=attention_flops(False), notes=["peer: torch SDPA, flash backend, dense causal"]),
+    Bench("parallel_attn_varlen", "kernels.parallel_attn", "fla.ops.attn.parallel_attn", attention_inputs(True), ("q", "k", "v"), flops=attention_flops(True)),
+    Bench("chunk_rwkv6", "kernels.chunk_rwkv6", "fla.ops.rwkv6.chunk_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u"), flops=chunk_flops()),
+    Bench("fused_recurrent_rwkv6", "kernels.fused_recurrent_rwkv6", "fla.ops.rwkv6.fused_recurrent_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u")),
+    Bench("chunk_hgrn", "kernels.chunk_hgrn", "fla.ops.hgrn.chunk_hgrn", hgrn_inputs, ("x", "g")),
+    Bench("fused_recurrent_hgrn", "kernels.fused_recurrent_hgrn", "fla.ops.hgrn.fused_recurrent_hgrn", hgrn_inputs, ("x", "g")),
 ]
 
 
@@ -397,7 +462,7 @@ def complete(row) -> bool:
 def write_report(device, rates, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
-              "rounds": rounds, "shapes": {"linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK},
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
     if out_path:
@@ -433,18 +498,29 @@ def _floor(row, mode):
     return f"{100 * f['fraction']:.0f}% of {f['floor_ms']:.3f} ({'TC' if f['bound'] == 'tensor cores' else 'mem'})" if f else "-"
 
 
+def _tflops(row, mode):
+    """Achieved TFLOP/s, ours / peer, for ops with a FLOP count."""
+    if "flops" not in row:
+        return "-"
+    n = row["flops"][0 if mode == "fwd" else 1]
+    rates = [f"{n / (t['median_ms'] * 1e-3) / 1e12:.0f}" if t else "-"
+             for t in (row.get(mode, {}).get(side) for side in ("ours", "peer"))]
+    return " / ".join(rates)
+
+
 def format_table(report) -> str:
     lines = [f"{report['device']}, torch {report['torch']}, triton {report['triton']}; copy bandwidth "
              f"{report['copy_bandwidth_TBps']:.2f} TB/s, bf16 matmul {report['matmul_TFLOPs']:.0f} TFLOP/s; bf16 inputs; "
              f"medians of {report['rounds']} interleaved rounds; ratio = peer / ours (>1: ours faster), median (min-max over rounds); "
-             "floor: ours as % of the op's floor in ms (mem: bytes / copy bandwidth; TC: FLOPs / matmul rate)",
+             "floor: ours as % of the op's floor in ms (mem: bytes / copy bandwidth; TC: FLOPs / matmul rate); "
+             "TFLOP/s: achieved, ours / peer, where the op has a FLOP count",
              "",
-             "| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | ours fwd+bwd ms | peer fwd+bwd ms | fwd+bwd ratio | fwd+bwd floor |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms | fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         cells = [row["op"]]
         for mode in ("fwd", "fwd_bwd"):
-            cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode)]
+            cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode), _tflops(row, mode)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

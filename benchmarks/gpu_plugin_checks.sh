@@ -8,7 +8,7 @@
 #   FLA_SANITIZER_OPS=all bash benchmarks/gpu_plugin_checks.sh memcheck   # every op's checks under memcheck
 #
 # Each step is one pytest run, so a device whose commands are capped at 10 minutes can
-# run the steps one call at a time; timings accumulate in benchmarks/gpu_plugin_checks.tsv.
+# run the steps one call at a time; timings accumulate in gpu_plugin_checks.tsv in the log folder.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

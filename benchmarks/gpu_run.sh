@@ -11,6 +11,9 @@
 #   bash benchmarks/gpu_run.sh sanicost   # one test's time under memcheck, by kernel filter (sanitizer_cost.py)
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
 #                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 memcheck_module:200 repro:80": steps, limits)
+#   bash benchmarks/gpu_run.sh peer [--fla-ops=a,b]  # the conformance suite over fla-core's ops (--fla-impl=fla), a
+#                                         # report (a markdown summary: which checks each op fails, and why), never a gate;
+#                                         # FLA_PEER_TAG names the run's files, FLA_PEER_MARKERS its -m filter
 # Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Each part leaves its
 # logs in $OUT/<part>/ and one archive $OUT/<part>.tgz (a device returns few files); unpack it
 # into benchmarks/results/. The summary is printed last.
@@ -86,6 +89,18 @@ case "$part" in
     timeout "${FLA_SANICOST_TIMEOUT:-420}" python3 benchmarks/sanitizer_cost.py --jobs "${FLA_PROBE_JOBS:-8}" \
       --timeout "${FLA_PROBE_TIMEOUT:-240}" --out "$LOGS" > "$LOGS/sanitizer_cost.log" 2>&1
     cat "$LOGS/sanitizer_cost.log"
+    ;;
+  peer)
+    # Module isolation: a device fault (a mis-shaped gate read out of bounds) fails its own test, and the
+    # module's remaining tests go on in a fresh process instead of failing after it. The 2**31-element
+    # checks are left out unless FLA_PEER_MARKERS says otherwise (tens of GiB and minutes per op).
+    tag=${FLA_PEER_TAG:-all}
+    timeout -s INT -k 30 "${FLA_PEER_TIMEOUT:-540}" python3 -m pytest tests/test_conformance.py --fla-impl=fla \
+      --fla-isolate=module -n "${FLA_WORKERS:-8}" -v -rs -p no:cacheprovider -m "${FLA_PEER_MARKERS:-not large_memory}" \
+      --fla-report="$LOGS/report_$tag.json" "$@" > "$LOGS/tests_$tag.log" 2>&1
+    echo "peer suite exit $? (failures are the peer's: this run is a report)" >> "$LOGS/tests_$tag.log"
+    python3 benchmarks/peer_report.py "$LOGS/report_$tag.json" > "$LOGS/peer_$tag.md"
+    echo "== peer ($tag):"; tail -n 2 "$LOGS/tests_$tag.log"; head -n 80 "$LOGS/peer_$tag.md"
     ;;
   sanitizer)
     for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do

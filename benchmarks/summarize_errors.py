@@ -1,20 +1,23 @@
 """Summarise the errors recorded by ``FLA_RECORD_ERRORS`` into the table docs/tolerances.md quotes.
 
-    python benchmarks/summarize_errors.py errors.jsonl
+    python benchmarks/summarize_errors.py errors.jsonl      (or errors.jsonl.gz)
 
 Per (dtype, kind): how many comparisons, the largest relative RMS error and the largest
 max-abs error (relative to max |ref|) measured, and which test and tensor it was; then the
 same per (op, dtype, kind), the op read from the test id (``test_forward[op-dtype-case]``).
 """
 
+import gzip
 import json
 import sys
 from collections import defaultdict
 
 
 def main(path):
+    opener = gzip.open if path.endswith(".gz") else open
     try:
-        records = [json.loads(line) for line in open(path).read().splitlines() if line.strip()]
+        with opener(path, "rt") as f:
+            records = [json.loads(line) for line in f.read().splitlines() if line.strip()]
     except FileNotFoundError:
         print(f"no errors recorded at {path}")
         return

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # CPU job, on every change: numeric checks under the interpreter plus compile-only checks
-# for every arch (one pytest-xdist worker per target), the plugin's own tests, the repros.
-# Writes the ops x checks report to fla-report-cpu.json.
+# for every arch (one pytest-xdist worker per target), the plugin's own tests, the repros;
+# then the example kernel package (ci/example.sh). Writes the ops x checks report to
+# $FLA_REPORT (default fla-report-cpu.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 source ci/selection.sh
-exec "$PY" -m pytest -q -p no:randomly --fla-arch=all --fla-report=fla-report-cpu.json "${OPS[@]}" "$@"
+"$PY" -m pytest -q -p no:randomly --fla-arch=all --fla-report="${FLA_REPORT:-fla-report-cpu.json}" "${OPS[@]}" "$@"
+PYTHON=$PY bash ci/example.sh

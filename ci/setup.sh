@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Creates .venv with the pinned CPU toolchain and installs the project in editable mode.
-# Pins: torch 2.13.0 is the CPU build on local disk; triton 3.6.0 matches the GPU machines;
-# triton 3.6's interpreter needs numpy < 2.4.
+# Creates a virtual environment with the CPU toolchain and installs the project in editable mode.
+# Default: .venv with the pinned toolchain: torch 2.13.0 is the CPU build on local disk;
+# triton 3.6.0 matches the GPU machines; triton 3.6's interpreter needs numpy < 2.4 (later
+# ones take the newest numpy, as a user's install would).
+# FLA_VENV and FLA_TRITON pick another environment, e.g. the newest tested Triton:
+#   FLA_VENV=.venv-triton3.9 FLA_TRITON=3.9.0 bash ci/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 triton==3.6.0 'numpy<2.4'
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+VENV=${FLA_VENV:-.venv}
+TRITON=${FLA_TRITON:-3.6.0}
+case "$TRITON" in 3.6.*) NUMPY='numpy<2.4' ;; *) NUMPY=numpy ;; esac
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 "triton==$TRITON" "$NUMPY"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'

@@ -13,38 +13,24 @@ import time.
 from __future__ import annotations
 
 import os
-import re
 
 import triton
 
-# Per-block opt-in shared memory in bytes (CUDA programming guide, compute capability tables).
-SHARED_MEMORY_LIMIT = {
-    75: 65536,
-    80: 166912,
-    86: 101376,
-    89: 101376,
-    90: 232448,
-    100: 232448,
-    120: 101376,
-}
-KNOWN_ARCHS = tuple(sorted(SHARED_MEMORY_LIMIT))
+# The arch table (shared memory per arch) is the plugin's, so the two never disagree.
+from pytest_fla.gpu_archs import ALL_ARCHS as KNOWN_ARCHS  # noqa: F401
+from pytest_fla.gpu_archs import SHARED_MEMORY_LIMIT, parse_arch  # noqa: F401
+from pytest_fla.gpu_archs import shared_memory_limit as _limit_of
 
 # True while a launch-capture context is active (the plugin's compile-only mode): wrappers
 # then accept CPU tensors, and each ``kernel[grid](...)`` is recorded, compiled offline
 # for the target, and never run.
 CAPTURING_LAUNCHES = False
 
-_ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})a?$")
-
-
-def parse_arch(text: str | int) -> int:
-    """``'sm80'``, ``'sm_90a'``, ``'90'`` or ``90`` -> ``90``-style capability integer."""
-    if isinstance(text, int):
-        return text
-    match = _ARCH_RE.match(text.strip().lower())
-    if match is None:
-        raise ValueError(f"cannot parse GPU arch {text!r}: expected e.g. 'sm80' or 'sm90'")
-    return int(match.group(1))
+# Compile options every launch passes (``kernel[grid](..., **COMPILE_OPTIONS)``).
+# Multiply-add contraction (FMA) is stated rather than left to Triton's default: that
+# default is on through Triton 3.9 (which warns that 3.10 turns it off), and the kernels'
+# numerics and timings were measured with it on.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
 def is_interpreter() -> bool:
@@ -79,12 +65,7 @@ def target_arch() -> int:
 
 def shared_memory_limit(arch: int | None = None) -> int:
     """Opt-in shared memory per block, in bytes, for ``arch`` (default: the target)."""
-    arch = target_arch() if arch is None else arch
-    if arch in SHARED_MEMORY_LIMIT:
-        return SHARED_MEMORY_LIMIT[arch]
-    # An arch not in the table: take the nearest older one we know.
-    older = [a for a in KNOWN_ARCHS if a <= arch]
-    return SHARED_MEMORY_LIMIT[older[-1] if older else KNOWN_ARCHS[0]]
+    return _limit_of(target_arch() if arch is None else arch)
 
 
 def autotune(configs, key, **kwargs):

@@ -39,6 +39,14 @@ def mm(a, b):
 
 
 @triton.jit
+def mm_acc(a, b, acc):
+    """``acc + a @ b`` in fp32, accumulated in place by the tensor cores (no extra add)."""
+    if _INTERPRETING:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc, input_precision="tf32x3")
+
+
+@triton.jit
 def chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """For launch row ``i_chunk`` (int64): sequence, first token of the chunk, end of the sequence, state slot."""
     if IS_VARLEN:

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from . import _utils
+from ._arch import COMPILE_OPTIONS
 
 # Used when the kernels are captured or interpreted without a CUDA device: the
 # multiprocessor count of an H100 / H200.
@@ -56,5 +57,7 @@ def column_sum(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     P, C = partials.shape
     out = _utils.empty((C,), dtype, partials.device)
     BLOCK_C = 128
-    _column_sum_kernel[(_utils.cdiv(C, BLOCK_C),)](partials, out, P, C, BLOCK_P=16, BLOCK_C=BLOCK_C, num_warps=4)
+    _column_sum_kernel[(_utils.cdiv(C, BLOCK_C),)](
+        partials, out, P, C, BLOCK_P=16, BLOCK_C=BLOCK_C, num_warps=4, **COMPILE_OPTIONS
+    )
     return out

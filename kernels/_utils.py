@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 import triton
 
@@ -22,6 +25,31 @@ def empty_like(t: torch.Tensor, dtype=None) -> torch.Tensor:
     return empty(t.shape, dtype or t.dtype, t.device)
 
 
+_shapes = threading.local()
+
+
+def shapes_only() -> bool:
+    """True while a custom op's fake implementation runs the host code for shapes alone
+    (``kernels._library``): tensors have no values and launches do nothing."""
+    return getattr(_shapes, "only", False)
+
+
+@contextlib.contextmanager
+def computing_shapes():
+    """Mark this thread's host code as running for shapes alone (see ``shapes_only``)."""
+    before = shapes_only()
+    _shapes.only = True
+    try:
+        yield
+    finally:
+        _shapes.only = before
+
+
+def contiguous(*tensors):
+    """Each tensor contiguous (a copy only where it is not); None stays None."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -31,7 +59,26 @@ def block_size(n: int, minimum: int = 16) -> int:
     return max(triton.next_power_of_2(n), minimum)
 
 
-_chunk_maps: dict = {}
+# Caches of small device tensors the wrappers build from host values (chunk tables,
+# frequency and decay vectors), so that a training loop copies them once.
+_DEVICE_CACHES: list[dict] = []
+
+
+def device_cache() -> dict:
+    """A new cache of device tensors, registered for ``clear_device_caches``."""
+    cache: dict = {}
+    _DEVICE_CACHES.append(cache)
+    return cache
+
+
+def clear_device_caches() -> None:
+    """Empty every device-tensor cache (the CUDA-graph check starts the compiled calls
+    cold, so a tensor cached while a graph is captured would be caught)."""
+    for cache in _DEVICE_CACHES:
+        cache.clear()
+
+
+_chunk_maps = device_cache()
 
 
 def host_to_device(t: torch.Tensor, device) -> torch.Tensor:

@@ -183,7 +183,8 @@ def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int,
 
     ``batch`` and ``T`` are the batch size and time length of the packed inputs, ``device``
     the device of the other tensor arguments. See the module docstring for when this
-    syncs.
+    syncs. While ``torch.compile`` traces, only the metadata is checked and None returned
+    (size N from ``cu_seqlens.numel()``, not from the result).
     """
     if cu_seqlens is None:
         if cu_seqlens_cpu is not None:
@@ -215,6 +216,10 @@ def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int,
                 f"{op}: `cu_seqlens_cpu` has {cu_seqlens_cpu.numel()} offsets but `cu_seqlens` has "
                 f"{cu_seqlens.numel()}; they must be copies of each other"
             )
+    if torch.compiler.is_compiling():
+        # Values are not traceable: the op's real implementation checks them when it runs
+        # (kernels/_library.py), with the same errors, before any launch.
+        return None
         # Cached per object like the device tensor below, so that the host copy (and the
         # chunk maps keyed on it) stays the same object across calls, int32 input or not.
         host = _cached_host_offsets(cu_seqlens_cpu)

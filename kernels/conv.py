@@ -43,11 +43,15 @@ along ``D`` is required, and anything else is copied first.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from . import _library as library
 from . import _partials, _utils
+from ._arch import COMPILE_OPTIONS
 from . import _validate as V
 from ._sequence import search_steps
 
@@ -83,9 +87,9 @@ def _history_rows(x_b, stride_xt, state, first, start, end, n, d, d_ok, D,
     rows = ()
     for k in tl.static_range(COUNT):
         q = first + k
-        v = _load_row(x_b, q, stride_xt, d, d_ok & (q >= start) & (q < end)).to(tl.float32)
+        v = _load_row(x_b, q, stride_xt, d, tl.where((q >= start) & (q < end), d_ok, False)).to(tl.float32)
         if HAS_STATE:
-            v += tl.load(state + (n * (W - 1) + q - start + W - 1) * D + d, mask=d_ok & (q < start), other=0.0)
+            v += tl.load(state + (n * (W - 1) + q - start + W - 1) * D + d, mask=tl.where(q < start, d_ok, False), other=0.0)
         rows = rows + (v,)
     return rows
 
@@ -159,14 +163,14 @@ def _conv_fwd_kernel(
     window = _history_rows(x_b, stride_xt, state, r0 - (W - 1), start, end, n, d, d_ok, D, W - 1, W, HAS_STATE)
     queue = ()
     for k in tl.static_range(AHEAD):
-        queue = queue + (_load_row(x_b, r0 + k, stride_xt, d, d_ok & (r0 + k < r1)),)
+        queue = queue + (_load_row(x_b, r0 + k, stride_xt, d, tl.where(r0 + k < r1, d_ok, False)),)
     for t in range(r0, r1):
         if VARLEN:
             if t >= end:  # the first row of a new sequence
                 n, end = _advance(cu_seqlens, t, n, end)
                 window = _history_rows(x_b, stride_xt, state, t - (W - 1), t, end, n, d, d_ok, D, W - 1, W, HAS_STATE)
         xt = queue[0].to(tl.float32)
-        queue = _shift_in(queue, _load_row(x_b, t + AHEAD, stride_xt, d, d_ok & (t + AHEAD < r1)), AHEAD)
+        queue = _shift_in(queue, _load_row(x_b, t + AHEAD, stride_xt, d, tl.where(t + AHEAD < r1, d_ok, False)), AHEAD)
         acc = bias_row + w[W - 1] * xt
         for i in tl.static_range(W - 1):
             acc += w[i] * window[i]
@@ -239,7 +243,7 @@ def _conv_bwd_kernel(
     x_queue = ()
     dy_queue = ()
     for k in tl.static_range(AHEAD):
-        ok = d_ok & (r0 + k < last)
+        ok = tl.where(r0 + k < last, d_ok, False)
         x_queue = x_queue + (_load_row(x_b, r0 + k, stride_xt, d, ok),)
         dy_queue = dy_queue + (_load_row(dy_b, r0 + k, stride_dyt, d, ok),)
     for j in range(r0, r1 + W - 1):
@@ -249,7 +253,7 @@ def _conv_bwd_kernel(
                 window = _history_rows(x_b, stride_xt, state, j - (W - 1), j, end_j, n_j, d, d_ok, D, W - 1, W, HAS_STATE)
         xj = x_queue[0].to(tl.float32)
         g = dy_queue[0].to(tl.float32)  # zero for rows j >= T
-        ahead_ok = d_ok & (j + AHEAD < last)
+        ahead_ok = tl.where(j + AHEAD < last, d_ok, False)
         x_queue = _shift_in(x_queue, _load_row(x_b, j + AHEAD, stride_xt, d, ahead_ok), AHEAD)
         dy_queue = _shift_in(dy_queue, _load_row(dy_b, j + AHEAD, stride_dyt, d, ahead_ok), AHEAD)
         if SILU:
@@ -273,7 +277,7 @@ def _conv_bwd_kernel(
                 grad += tl.where(q + k < end_q, w[W - 1 - k] * history[k], 0.0)
             if HAS_DFINAL:
                 k_final = q - (end_q - (W - 1))
-                grad += tl.load(dfinal + (n_q * (W - 1) + k_final) * D + d, mask=d_ok & (k_final >= 0), other=0.0)
+                grad += tl.load(dfinal + (n_q * (W - 1) + k_final) * D + d, mask=tl.where(k_final >= 0, d_ok, False), other=0.0)
             tl.store(dx_b + q * D + d, grad.to(dx.dtype.element_ty), mask=d_ok)
         history = _shift_in(history, g, W - 1)
         window = _shift_in(window, xj, W - 1)
@@ -306,7 +310,7 @@ def _conv_initial_state_grad_kernel(
                           2 * W - 2, W, True)
     da = ()
     for m in tl.static_range(W - 1):
-        g = _load_row(dy + b * stride_dyb, start + m, stride_dyt, d, d_ok & (start + m < end)).to(tl.float32)
+        g = _load_row(dy + b * stride_dyb, start + m, stride_dyt, d, tl.where(start + m < end, d_ok, False)).to(tl.float32)
         if SILU:
             a = tl.zeros([BLOCK_D], dtype=tl.float32)
             if HAS_BIAS:
@@ -321,7 +325,7 @@ def _conv_initial_state_grad_kernel(
             grad += w[k - m] * da[m]
         if HAS_DFINAL:
             k_final = k - (end - start)
-            grad += tl.load(dfinal + (n * (W - 1) + k_final) * D + d, mask=d_ok & (k_final >= 0), other=0.0)
+            grad += tl.load(dfinal + (n * (W - 1) + k_final) * D + d, mask=tl.where(k_final >= 0, d_ok, False), other=0.0)
         tl.store(dstate + (n * D + d) * (W - 1) + k, grad, mask=d_ok)
 
 
@@ -338,78 +342,84 @@ def _row_strides(t: torch.Tensor):
     return t.stride(0), t.stride(1)
 
 
-class _CausalConv1dFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, initial_state, output_final_state, cu_seqlens, num_sequences, silu):
-        B, T, D = x.shape
-        W = weight.shape[1]
-        x = _unit_last_stride(x)
-        weight = weight.contiguous()
-        varlen = cu_seqlens is not None
-        state_rows = _as_rows(initial_state)
-        y = _utils.empty((B, T, D), x.dtype, x.device)
-        ROWS, AHEAD, BLOCK_D, num_warps = _fwd_config(D)
-        if B * T > 0 and D > 0:
-            ranges = _utils.cdiv(T, ROWS)
-            _conv_fwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
-                x, weight, bias, state_rows, cu_seqlens, y,
-                T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges,
-                W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
-                SILU=silu, ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps,
-            )
-        final_state = None
-        if output_final_state:
-            final_state = _utils.empty((num_sequences, D, W - 1), torch.float32, x.device)
-            if num_sequences > 0 and D > 0:
-                BLOCK_DS = min(128, triton.next_power_of_2(D))
-                _conv_final_state_kernel[(num_sequences, _utils.cdiv(D, BLOCK_DS))](
-                    x, state_rows, cu_seqlens, final_state,
-                    T, D, *_row_strides(x),
-                    W=W, HAS_STATE=initial_state is not None, VARLEN=varlen, BLOCK_D=BLOCK_DS, num_warps=4,
-                )
-        ctx.save_for_backward(x, weight, bias, state_rows, cu_seqlens)
-        ctx.num_sequences = num_sequences
-        ctx.silu = silu
-        return y, final_state
-
-    @staticmethod
-    def backward(ctx, dy, dfinal):
-        x, weight, bias, state_rows, cu_seqlens = ctx.saved_tensors
-        B, T, D = x.shape
-        W = weight.shape[1]
-        N = ctx.num_sequences
-        varlen = cu_seqlens is not None
-        dy = _unit_last_stride(dy)
-        dfinal_rows = _as_rows(dfinal)
-        dx = _utils.empty((B, T, D), x.dtype, x.device)
-        ROWS, AHEAD, BLOCK_D, num_warps = _bwd_config(D, W)
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool, silu: bool):
+    """The forward launches; returns ``((y, final state or None), ())``."""
+    B, T, D = x.shape
+    num_sequences = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    W = weight.shape[1]
+    x = _unit_last_stride(x)
+    weight = weight.contiguous()
+    varlen = cu_seqlens is not None
+    state_rows = _as_rows(initial_state)
+    y = _utils.empty((B, T, D), x.dtype, x.device)
+    ROWS, AHEAD, BLOCK_D, num_warps = _fwd_config(D)
+    if B * T > 0 and D > 0:
         ranges = _utils.cdiv(T, ROWS)
-        dparams = _utils.empty((max(1, B * ranges), (W + 1) * D), torch.float32, x.device)
-        if B * T > 0 and D > 0:
-            _conv_bwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
-                x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dx, dparams,
-                T, D, *_row_strides(x), *_row_strides(dy), N, search_steps(N), ranges,
-                W=W, HAS_BIAS=bias is not None, HAS_STATE=state_rows is not None,
-                HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen, SILU=ctx.silu,
-                ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps,
+        _conv_fwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
+            x, weight, bias, state_rows, cu_seqlens, y,
+            T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges,
+            W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
+            SILU=silu, ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
+        )
+    final_state = None
+    if output_final_state:
+        final_state = _utils.empty((num_sequences, D, W - 1), torch.float32, x.device)
+        if num_sequences > 0 and D > 0:
+            BLOCK_DS = min(128, triton.next_power_of_2(D))
+            _conv_final_state_kernel[(num_sequences, _utils.cdiv(D, BLOCK_DS))](
+                x, state_rows, cu_seqlens, final_state,
+                T, D, *_row_strides(x),
+                W=W, HAS_STATE=initial_state is not None, VARLEN=varlen, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
             )
-        else:
-            dparams.zero_()
-        sums = _partials.column_sum(dparams, torch.float32)
-        dweight = sums[: W * D].view(W, D).t().to(weight.dtype).contiguous()
-        dbias = sums[W * D:].to(bias.dtype) if bias is not None else None
-        dstate = None
-        if state_rows is not None and ctx.needs_input_grad[3]:
-            dstate = _utils.empty((N, D, W - 1), torch.float32, x.device)
-            if N > 0 and D > 0:
-                BLOCK_DS = min(128, triton.next_power_of_2(D))
-                _conv_initial_state_grad_kernel[(N, _utils.cdiv(D, BLOCK_DS))](
-                    x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dstate,
-                    T, D, *_row_strides(x), *_row_strides(dy),
-                    W=W, HAS_BIAS=bias is not None, HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen,
-                    SILU=ctx.silu, BLOCK_D=BLOCK_DS, num_warps=4,
-                )
-        return dx, dweight, dbias, dstate, None, None, None, None
+    return (y, final_state), ()
+
+
+def _backward(grads, saved, x, weight, bias, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state, silu,
+              *, needs_grad):
+    dy, dfinal = grads
+    x = _unit_last_stride(x)
+    weight = weight.contiguous()
+    state_rows = _as_rows(initial_state)
+    B, T, D = x.shape
+    W = weight.shape[1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    varlen = cu_seqlens is not None
+    dy = _unit_last_stride(dy)
+    dfinal_rows = _as_rows(dfinal)
+    dx = _utils.empty((B, T, D), x.dtype, x.device)
+    ROWS, AHEAD, BLOCK_D, num_warps = _bwd_config(D, W)
+    ranges = _utils.cdiv(T, ROWS)
+    dparams = _utils.empty((max(1, B * ranges), (W + 1) * D), torch.float32, x.device)
+    if B * T > 0 and D > 0:
+        _conv_bwd_kernel[(B * ranges, _utils.cdiv(D, BLOCK_D))](
+            x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dx, dparams,
+            T, D, *_row_strides(x), *_row_strides(dy), N, search_steps(N), ranges,
+            W=W, HAS_BIAS=bias is not None, HAS_STATE=state_rows is not None,
+            HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen, SILU=silu,
+            ROWS=ROWS, AHEAD=AHEAD, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS,
+        )
+    else:
+        dparams.zero_()
+    sums = _partials.column_sum(dparams, torch.float32)
+    dweight = sums[: W * D].view(W, D).t().to(weight.dtype).contiguous()
+    dbias = sums[W * D:].to(bias.dtype) if bias is not None else None
+    dstate = None
+    if state_rows is not None and needs_grad["initial_state"]:
+        dstate = _utils.empty((N, D, W - 1), torch.float32, x.device)
+        if N > 0 and D > 0:
+            BLOCK_DS = min(128, triton.next_power_of_2(D))
+            _conv_initial_state_grad_kernel[(N, _utils.cdiv(D, BLOCK_DS))](
+                x, weight, bias, state_rows, cu_seqlens, dy, dfinal_rows, dstate,
+                T, D, *_row_strides(x), *_row_strides(dy),
+                W=W, HAS_BIAS=bias is not None, HAS_DFINAL=dfinal_rows is not None, VARLEN=varlen,
+                SILU=silu, BLOCK_D=BLOCK_DS, num_warps=4, **COMPILE_OPTIONS,
+            )
+    return dict(x=dx, weight=dweight, bias=dbias, initial_state=dstate)
+
+
+CAUSAL_CONV1D = library.register("causal_conv1d", _forward, _backward)
 
 
 def _fwd_config(D: int):
@@ -463,7 +473,5 @@ def causal_conv1d(
     offsets = V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     V.check_initial_state(op, initial_state, (N, D, W - 1), "[N, D, W - 1]")
-    del offsets  # validated; the kernels find each token's sequence on the device
-    return _CausalConv1dFunction.apply(
-        x, weight, bias, initial_state, bool(output_final_state), cu_seqlens, N, activation is not None
-    )
+    return CAUSAL_CONV1D(x, weight, bias, initial_state, cu_seqlens, cu_seqlens_cpu, bool(output_final_state),
+                         activation is not None, offsets=offsets)

@@ -27,11 +27,15 @@ summed by ``_partials.column_sum`` (deterministic, no atomics). Accumulation is 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from . import _library as library
 from . import _partials, _utils
+from ._arch import COMPILE_OPTIONS
 from . import _validate as V
 
 # Longest row held in registers by one program (16 warps, 32 float32 values a thread
@@ -181,7 +185,7 @@ def _forward(x, g, weight, bias, eps, mean, gate):
             x2, g2, weight, bias, y,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
-            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps, **COMPILE_OPTIONS,
         )
     return y.view(x.shape)
 
@@ -204,7 +208,7 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
             x2, g2, weight, bias, dy2, dx, dg, dparams,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, _row_stride(dy2), eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
-            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps, **COMPILE_OPTIONS,
         )
     elif slots:
         dparams.zero_()
@@ -218,18 +222,19 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
     return dx.view(x.shape), (dg.view(g.shape) if dg is not None else None), dweight, dbias
 
 
-class _NormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, g, weight, bias, eps, mean, gate):
-        ctx.save_for_backward(x, g, weight, bias)
-        ctx.config = (eps, mean, gate)
-        return _forward(x, g, weight, bias, eps, mean, gate)
+def _op_forward(x: torch.Tensor, g: Optional[torch.Tensor], weight: Optional[torch.Tensor],
+                bias: Optional[torch.Tensor], eps: float, gate: int, *, mean):
+    return (_forward(x, g, weight, bias, eps, mean, gate),), ()
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, g, weight, bias = ctx.saved_tensors
-        dx, dg, dweight, dbias = _backward(x, g, weight, bias, dy, *ctx.config)
-        return dx, dg, dweight, dbias, None, None, None
+
+def _op_backward(grads, saved, x, g, weight, bias, eps, gate, *, mean):
+    dx, dg, dweight, dbias = _backward(x, g, weight, bias, grads[0], eps, mean, gate)
+    return dict(x=dx, g=dg, weight=dweight, bias=dbias)
+
+
+L2NORM = library.register("l2norm", _op_forward, _op_backward, outputs=1, mean=False)
+RMS_NORM = library.register("rms_norm", _op_forward, _op_backward, outputs=1, mean=True)
+RMS_NORM_GATED = library.register("rms_norm_gated", _op_forward, _op_backward, outputs=1, mean=True)
 
 
 def _validate(op, x, g, weight, bias, eps):
@@ -259,14 +264,14 @@ def _validate(op, x, g, weight, bias, eps):
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``y = x / sqrt(sum(x^2) + eps)`` over the last dim. Any leading shape, ``D <= 16384``."""
     _validate("l2norm", x, None, None, None, eps)
-    return _NormFunction.apply(x, None, None, None, float(eps), False, GATE_NONE)
+    return L2NORM(x, None, None, None, float(eps), GATE_NONE)[0]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
              eps: float = 1e-6) -> torch.Tensor:
     """``y = x / sqrt(mean(x^2) + eps) * weight + bias`` over the last dim (weight, bias ``[D]``)."""
     _validate("rms_norm", x, None, weight, bias, eps)
-    return _NormFunction.apply(x, None, weight, bias, float(eps), True, GATE_NONE)
+    return RMS_NORM(x, None, weight, bias, float(eps), GATE_NONE)[0]
 
 
 def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None = None,
@@ -279,4 +284,4 @@ def rms_norm_gated(x: torch.Tensor, g: torch.Tensor, weight: torch.Tensor | None
     if g is None:
         raise TypeError(f"{op}: `g` must be a torch.Tensor with the shape of x, got None")
     _validate(op, x, g, weight, None, eps)
-    return _NormFunction.apply(x, g, weight, None, float(eps), True, _GATES[activation])
+    return RMS_NORM_GATED(x, g, weight, None, float(eps), _GATES[activation])[0]

@@ -22,11 +22,10 @@ Where the angles come from:
   from a host copy made once per tensor and version). The tables get no gradient.
 
 The backward of a rotation is the rotation by ``-theta``: the same kernel with ``sin``
-negated. The op is registered as ``torch.ops.pytest_fla.rotary`` (``custom_op`` with a
-fake and an autograd rule), and under ``torch.compile`` the wrappers call it, so the graph
-holds one opaque node per tensor; in eager mode they call an ``autograd.Function`` over the
-same launches instead, since the custom-op dispatcher's per-call argument handling costs
-more host time than the kernel takes on the GPU. The Python wrappers validate first.
+negated. ``apply_rotary`` and ``rotary_embedding`` are registered as
+``torch.ops.fla.apply_rotary`` and ``torch.ops.fla.rotary_embedding`` (``kernels/_library.py``):
+under ``torch.compile`` the graph holds one opaque node per tensor. The Python wrappers
+validate first.
 
 Kernel: one launch per tensor, grid ``(B * cdiv(T, BLOCK_T), cdiv(H, BLOCK_H))``: a
 program owns ``BLOCK_T`` tokens times ``BLOCK_H`` heads (about 8K elements), computes
@@ -42,7 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _library as library
 from . import _utils
+from ._arch import COMPILE_OPTIONS
 from . import _validate as V
 from ._sequence import search_steps, tile_origin, token_sequence
 
@@ -122,7 +123,7 @@ def _tile_config(H: int, width: int, elements: int = 8192):
     return BLOCK_T, BLOCK_H, num_warps
 
 
-_inv_freqs: dict = {}
+_inv_freqs = _utils.device_cache()
 
 
 def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor:
@@ -132,6 +133,8 @@ def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tenso
     if hit is None:
         exponents = torch.arange(rotary_dim // 2, dtype=torch.float64) * 2 / rotary_dim
         hit = (base ** -exponents).to(device)
+        if _utils.shapes_only():  # a fake tensor (kernels/_library.py): never cached
+            return hit
         if len(_inv_freqs) > 64:
             _inv_freqs.clear()
         _inv_freqs[key] = hit
@@ -158,73 +161,35 @@ def _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interlea
         D=D, HALF=half, TABLE=table, PER_SEQUENCE_OFFSET=offsets is not None,
         VARLEN=cu_seqlens is not None, INTERLEAVED=interleaved, INVERSE=inverse,
         BLOCK_T=BLOCK_T, BLOCK_H=BLOCK_H, BLOCK_HALF=BLOCK_HALF, BLOCK_PASS=BLOCK_PASS,
-        num_warps=num_warps,
+        num_warps=num_warps, **COMPILE_OPTIONS,
     )
     return y
 
 
-@torch.library.custom_op("pytest_fla::rotary", mutates_args=())
-def rotary_op(
-    x: torch.Tensor,
-    cos: Optional[torch.Tensor],
-    sin: Optional[torch.Tensor],
-    offsets: Optional[torch.Tensor],
-    cu_seqlens: Optional[torch.Tensor],
-    rotary_dim: int,
-    base: float,
-    offset: int,
-    interleaved: bool,
-    inverse: bool,
-) -> torch.Tensor:
-    """Unvalidated op behind the wrappers: rotate ``x`` by the table (``cos``/``sin``
-    given) or by ``pos * base^(-2i/rotary_dim)``; ``offsets`` (per sequence) or ``offset``."""
-    return _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse)
+def _op_forward(x: torch.Tensor, cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
+                seqlen_offsets: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                cu_seqlens_cpu: Optional[torch.Tensor], rotary_dim: int, base: float, offset: int, interleaved: bool):
+    """Rotate ``x`` by the table (``cos``/``sin`` given) or by ``pos * base^(-2i/rotary_dim)``;
+    positions offset per sequence (``seqlen_offsets``) or by ``offset``."""
+    return (_launch(x, cos, sin, seqlen_offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False),), ()
 
 
-@rotary_op.register_fake
-def _rotary_fake(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse):
-    return x.new_empty(x.shape)
+def _op_backward(grads, saved, x, cos, sin, seqlen_offsets, cu_seqlens, cu_seqlens_cpu, rotary_dim, base, offset,
+                 interleaved):
+    (dy,) = grads
+    return dict(x=_launch(dy, cos, sin, seqlen_offsets, cu_seqlens, rotary_dim, base, offset, interleaved, True))
 
 
-def _rotary_setup_context(ctx, inputs, output):
-    x, cos, sin, offsets, cu_seqlens, *scalars = inputs
-    ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
-    ctx.scalars = scalars
+def _check_table_values(x, cos, sin, seqlen_offsets, cu_seqlens, cu_seqlens_cpu, rotary_dim, base, offset, interleaved,
+                        *, offsets):
+    """Under torch.compile, the position check the wrapper could not trace."""
+    if cos is not None:
+        _check_table_positions("rotary_embedding", x, cos, seqlen_offsets, offset, offsets)
 
 
-def _rotary_backward(ctx, dy):
-    cos, sin, offsets, cu_seqlens = ctx.saved_tensors
-    rotary_dim, base, offset, interleaved, inverse = ctx.scalars
-    dx = rotary_op(dy, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, not inverse)
-    return dx, None, None, None, None, None, None, None, None, None
-
-
-rotary_op.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
-
-
-class _RotaryFunction(torch.autograd.Function):
-    """Eager twin of ``rotary_op``: the same launches without the custom-op dispatcher,
-    whose per-call argument handling costs more host time than the kernel takes on a GPU."""
-
-    @staticmethod
-    def forward(ctx, x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved):
-        ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
-        ctx.scalars = (rotary_dim, base, offset, interleaved)
-        return _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False)
-
-    @staticmethod
-    def backward(ctx, dy):
-        cos, sin, offsets, cu_seqlens = ctx.saved_tensors
-        rotary_dim, base, offset, interleaved = ctx.scalars
-        dx = _launch(dy, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, True)
-        return dx, None, None, None, None, None, None, None, None
-
-
-def _rotate(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved):
-    """The custom op under ``torch.compile`` (one opaque node), the autograd.Function in eager."""
-    if torch.compiler.is_compiling():
-        return rotary_op(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, False)
-    return _RotaryFunction.apply(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved)
+APPLY_ROTARY = library.register("apply_rotary", _op_forward, _op_backward, outputs=1)
+ROTARY_EMBEDDING = library.register("rotary_embedding", _op_forward, _op_backward, outputs=1,
+                                    check_values=_check_table_values)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -238,16 +203,6 @@ def _check_rotary_dim(op: str, rotary_dim, D: int) -> None:
             f"{op}: rotary dim {rotary_dim} must be even and at most the head dim D = {D} "
             f"(x.shape[-1]); it is the rotary width per head, not the model width"
         )
-
-
-@torch.compiler.disable
-def _host_values(t: torch.Tensor) -> torch.Tensor:
-    return V.host_copy(t)
-
-
-@torch.compiler.disable
-def _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device):
-    return V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
 
 
 def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=None, offset_name="seqlen_offset"):
@@ -264,11 +219,7 @@ def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=No
     V.check_ndim(op, "x", x, 4, "[B, T, H, D]")
     B, T, H, D = x.shape
     V.check_range(op, "the head dim D (x.shape[-1])", D, 2, MAX_HEAD_DIM)
-    # only a call with offsets reaches the (compile-disabled) value check: the common
-    # call stays one graph under torch.compile(fullgraph=True)
-    host = None
-    if cu_seqlens is not None or cu_seqlens_cpu is not None:
-        host = _checked_offsets(op, cu_seqlens, cu_seqlens_cpu, B, T, device)
+    host = V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if offsets is not None:
         V.check_shape(op, offset_name, offsets, (N,), "[N] (one offset per sequence)")
@@ -288,7 +239,7 @@ def _check_table_positions(op, x, cos, offsets, offset, host_cu):
     else:
         if offsets.device.type == "meta":
             raise ValueError(f"{op}: a `seqlen_offsets` tensor on the meta device cannot be range-checked")
-        values = _host_values(offsets)
+        values = V.host_copy(offsets)
         nonempty = lengths > 0
         lo = int(values[nonempty].min()) if nonempty.any() else 0
         hi = int((values + lengths)[nonempty].max()) if nonempty.any() else 0
@@ -324,7 +275,8 @@ def _apply_rotary(op, x, dim, base, interleaved, seqlen_offset, cu_seqlens, cu_s
     _check_rotary_dim(op, dim, x.shape[-1])
     if not isinstance(base, (int, float)) or not base > 0:
         raise ValueError(f"{op}: `base` must be a number > 0, got {base!r}")
-    return _rotate(x, None, None, offsets, cu_seqlens, dim, float(base), offset, bool(interleaved))
+    return APPLY_ROTARY(x, None, None, offsets, cu_seqlens, cu_seqlens_cpu, dim, float(base), offset,
+                        bool(interleaved))[0]
 
 
 def rotary_embedding(
@@ -357,8 +309,10 @@ def rotary_embedding(
     _check_rotary_dim(op, 2 * cos.shape[1], x.shape[-1])
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         raise ValueError(f"{op}: `cos` and `sin` get no gradient here; pass them detached")
-    _check_table_positions(op, x, cos, offsets, offset, host_cu)
-    return _rotate(x, cos, sin, offsets, cu_seqlens, 2 * cos.shape[1], 0.0, offset, bool(interleaved))
+    if not torch.compiler.is_compiling():  # values: checked by the op itself under torch.compile
+        _check_table_positions(op, x, cos, offsets, offset, host_cu)
+    return ROTARY_EMBEDDING(x, cos, sin, offsets, cu_seqlens, cu_seqlens_cpu, 2 * cos.shape[1], 0.0, offset,
+                            bool(interleaved), offsets=host_cu)[0]
 
 
 class RotaryEmbedding(torch.nn.Module):

@@ -1,31 +1,25 @@
 """The conformance checks, written once over all op specs.
 
-Each function here is one check on one spec; ``tests/test_conformance.py`` parametrizes
-them over :func:`pytest_fla.specs.all_specs`. They raise ``AssertionError`` with the
+Each function here is one check on one spec; :mod:`pytest_fla.conformance` parametrizes
+them over the session's specs. They raise ``AssertionError`` with the
 measured errors on failure. Helpers that run an op forward and backward against its
 float64 reference live here too, so focused tests can reuse them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import zlib
 
 import torch
 
+from . import gpu_share
+from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
+from .gpu_memory import forward_bytes
 from .launches import observe_launches
 from .packings import Packing
+from .poison import poisoned
 from .spec import Case, OpSpec, Sample, torch_dtype
 from .tolerance import assert_close
-
-
-def numeric_device() -> torch.device:
-    """The device the numeric checks run on: the GPU, or the CPU under the interpreter."""
-    from kernels._arch import is_interpreter
-
-    if not is_interpreter() and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def seed_for(*parts) -> int:
@@ -110,8 +104,10 @@ def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> list:
     return out
 
 
-def _sequence_slice(spec: OpSpec, kwargs: dict, start: int, end: int, n: int) -> dict:
-    """The kwargs of one packed sequence as a B = 1 call of its own."""
+def sequence_slice(spec: OpSpec, kwargs: dict, start: int, end: int, n: int) -> dict:
+    """The kwargs of packed sequence ``n`` (tokens ``start:end``) as a B = 1 call of its
+    own: tensors with ``T`` in their layout are sliced along it, per-sequence ones
+    (``initial_state``) take row ``n``, everything else stays."""
     out = {}
     for name, value in kwargs.items():
         if name == "cu_seqlens":
@@ -119,7 +115,7 @@ def _sequence_slice(spec: OpSpec, kwargs: dict, start: int, end: int, n: int) ->
         arg = spec.args.get(name)
         if isinstance(value, torch.Tensor) and arg is not None and "T" in arg.layout:
             out[name] = value.narrow(arg.layout.index("T"), start, end - start).contiguous()
-        elif name == "initial_state" and isinstance(value, torch.Tensor):
+        elif isinstance(value, torch.Tensor) and arg is not None and arg.layout[:1] == ("N",):
             out[name] = value[n : n + 1].contiguous()
         else:
             out[name] = value
@@ -137,7 +133,7 @@ def check_varlen(spec: OpSpec, case: Case, packing: Packing, dtype: str, device,
         start, end = offsets[n], offsets[n + 1]
         if end == start:
             continue  # a zero-length sequence: checked through the reference above
-        alone = _sequence_slice(spec, sample.kwargs, start, end, n)
+        alone = sequence_slice(spec, sample.kwargs, start, end, n)
         with torch.no_grad():
             single = spec.call(Sample(alone))
         for name, p, s in zip(spec.outputs, packed, single):
@@ -174,21 +170,11 @@ def check_error_input(spec: OpSpec, error, device) -> None:
         torch.cuda.synchronize()  # the device is still healthy after the rejected call
 
 
-@contextlib.contextmanager
-def poisoned_allocations():
-    """Every buffer the kernels allocate starts as NaN (see ``kernels._utils.empty``)."""
-    import kernels._utils as utils
-
-    before = utils.POISON_ALLOCATIONS
-    utils.POISON_ALLOCATIONS = True
-    try:
-        yield
-    finally:
-        utils.POISON_ALLOCATIONS = before
-
-
 def check_every_output_written(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
-    with poisoned_allocations():
+    """Every output and gradient element is written: the library's allocations start as
+    NaN (``pytest_fla.poison``, the ``fla_poison`` ini option), so one never written
+    stays NaN."""
+    with poisoned():
         sample = spec.sample(case, dtype, device, seed)
         names = differentiable(spec, sample)
         out, grads, _ = run_with_grads(spec.op_fn, sample, names, seed=seed)
@@ -240,36 +226,20 @@ def check_huge_grid(spec: OpSpec, dtype: str, device, seed: int) -> None:
                 "axis 1 or 2, which CUDA caps at 65535"
             )
         return
-    # the first case's options (a gated norm needs its gate), at the huge sizes
     # Beside the other checks: its inputs and float64 reference take 1-3 GB (measured on the
     # CPU at HUGE_GRID_DIMS), no more than an ordinary check at GPU sizes.
-    case = Case("huge_grid", dict(spec.huge_grid), options={**spec.cases[0].options, "output_final_state": True})
+    case = Case("huge_grid", dict(spec.huge_grid), options=_grid_check_options(spec))
     check_forward(spec, case, dtype, device, seed)
     torch.cuda.empty_cache()
 
 
-def dtype_skip_reason(dtype: str, device) -> str | None:
-    """Why ``dtype`` can't be checked on ``device`` (None when it can)."""
-    import triton
-
-    if torch.device(device).type == "cpu" and dtype == "bf16":
-        major, minor = (int(x) for x in triton.__version__.split(".")[:2])
-        if (major, minor) < (3, 8):
-            return (f"Triton {triton.__version__}'s interpreter computes bf16 tl.dot wrongly; "
-                    "bf16 is checked on the GPU")
-    if torch.device(device).type == "cuda" and dtype == "fp16":
-        return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
-    return None
-
-
-
-def device_exclusive(device):
-    """This process alone on ``device``'s GPU (other workers' checks wait): for the checks
-    that need a large part of its memory (a 2**31-element batch). Taking it waits for every
-    check in flight to end, which idles the rest of the GPU meanwhile: hold it only to run."""
-    from . import gpu_share
-
-    return gpu_share.for_device(torch.device(device)).alone()
+def _grid_check_options(spec: OpSpec) -> dict:
+    """The first case's options (a gated norm needs its gate), with the final state asked
+    for where the op has one (its kernel's state writes are the ones to check)."""
+    options = dict(spec.cases[0].options)
+    if "final_state" in spec.outputs:
+        options["output_final_state"] = True
+    return options
 
 
 def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) -> None:
@@ -278,12 +248,12 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
     sample so that drawing inputs stays cheap, and the reference runs on that sample.
     Its memory is measured first, beside the other checks (at 2 and 4 rows, scaled); it is
     skipped, with the numbers, where the GPU has not that memory, and otherwise runs alone
-    on its GPU (``device_exclusive``)."""
+    on its GPU (``gpu_share.alone_on``)."""
     small, repeats, need = _int64_plan(spec, device, seed, elements)
     total = torch.cuda.get_device_properties(device).total_memory
     if need > 0.9 * total:  # decided without stopping the other checks
         _skip_int64(need, total, "this GPU has")
-    with device_exclusive(device):
+    with gpu_share.alone_on(device):
         free, _ = torch.cuda.mem_get_info(device)
         if need > 0.9 * free:
             _skip_int64(need, free, "are free on this GPU")
@@ -300,8 +270,7 @@ def _skip_int64(need: int, have: int, where: str):
 
 def _int64_plan(spec: OpSpec, device, seed: int, elements: int) -> tuple[Sample, int, int]:
     """The small sample, how many times to tile it, and the bytes the tiled forward needs."""
-    base = Case("int64_offsets", {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128},
-                options={**spec.cases[0].options, "output_final_state": True})
+    base = Case("int64_offsets", dict(spec.int64_dims), options=_grid_check_options(spec))
     small = spec.sample(base, "bf16", device, seed)
     per_row = max(t[0].numel() for name, t in small.tensors().items() if spec.args.get(name) and spec.args[name].layout[0] == "B")
     rows = -(-elements // per_row) + 1
@@ -312,7 +281,7 @@ def _int64_plan(spec: OpSpec, device, seed: int, elements: int) -> tuple[Sample,
     doubled = _tiled(spec, small, 2)
     with torch.no_grad():
         spec.call(small), spec.call(doubled)  # compiled and tuned before anything is measured
-    once, twice = _forward_bytes(spec, small, device), _forward_bytes(spec, doubled, device)
+    once, twice = forward_bytes(spec.call, small, device), forward_bytes(spec.call, doubled, device)
     return small, repeats, once + max(twice - once, 0) * (repeats - 1)
 
 
@@ -337,18 +306,6 @@ def _tiled(spec: OpSpec, sample: Sample, repeats: int) -> Sample:
             value = value.repeat(repeats, *([1] * (value.dim() - 1)))
         tiled[name] = value
     return Sample(tiled)
-
-
-def _forward_bytes(spec: OpSpec, sample: Sample, device) -> int:
-    """GPU memory a no-grad forward on ``sample`` takes: its inputs plus the call's peak."""
-    inputs = sum(t.numel() * t.element_size() for t in sample.tensors().values())
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    with torch.no_grad():
-        spec.call(sample)
-    torch.cuda.synchronize(device)
-    return inputs + torch.cuda.max_memory_allocated(device) - before
 
 
 def check_no_host_sync(spec: OpSpec, device, seed: int) -> None:

@@ -3,12 +3,19 @@
 ``test_compile[<op>-<fwd|bwd>-<arch>]`` runs the op on CPU tensors under launch capture
 for every compile case (realistic sizes) and dtype, forward or backward, with the
 target's configs (``FLA_TARGET_ARCH``), then compiles every distinct launch for the
-arch and checks it against the arch's limits (``pytest_fla.capture``).
+arch and checks it against the arch's limits (``pytest_fla.capture``). A repository
+gets the test by importing it into one of its test modules::
+
+    from pytest_fla.compile_check import test_compile  # noqa: F401
+
+Each runs in the process of its own arch's target (``--fla-arch=sm86`` or ``all``) and
+is deselected elsewhere; on a CPU machine that process is compile-only.
 """
 
 from __future__ import annotations
 
 from .capture import CompileResult, assert_compiles, capture_launches
+from .registry import over_specs
 from .targets import ALL_ARCHS, arch_name, parse_arch
 
 DIRECTIONS = ("fwd", "bwd")
@@ -67,3 +74,9 @@ def check_op_compiles(spec, direction: str, arch: str) -> CompileResult:
     cap = parse_arch(arch)
     assert cap in ALL_ARCHS
     return assert_compiles(capture_op(spec, cap, direction), cap)
+
+
+@over_specs("spec,direction,arch", compile_params)
+def test_compile(spec, direction, arch):
+    """Every kernel config the op launches compiles for ``arch`` within its limits."""
+    print(check_op_compiles(spec, direction, arch).summary())

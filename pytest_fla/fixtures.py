@@ -7,12 +7,12 @@ fixtures: importing the plugin must stay light.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import pytest
 
 from . import targets
+from .poison import poisoned
 
 GRID_LIMIT = 65535  # CUDA's cap on grid axes 1 and 2
 
@@ -189,23 +189,35 @@ def device_mismatch(request) -> DeviceMismatch:
 
 @pytest.fixture(autouse=True)
 def fla_poison_allocations(request):
-    """Fill every buffer ``kernels`` allocates with NaN (-1 for integers) during the test,
-    so an output element a kernel forgot to write cannot pass for a plausible value.
+    """Fill every buffer the library under test allocates with NaN (-1 for integers)
+    during the test, so an output element a kernel forgot to write cannot pass for a
+    plausible value. What is poisoned is the ini option ``fla_poison``
+    (``pytest_fla.poison``: ``torch``'s allocators by default, or a flag the library's
+    allocation helper reads, as this repo's ``kernels._utils:POISON_ALLOCATIONS``).
 
-    Active for tests of an op (``fla_op`` marker) and wherever ``kernels`` is already
-    imported; it never imports torch for a test that does not use the kernels."""
-    utils = sys.modules.get("kernels._utils")
-    if utils is None and request.node.get_closest_marker("fla_op") is not None:
-        try:
-            import kernels._utils as utils
-        except ImportError:
-            utils = None
-    if utils is None:
+    Active for tests of an op (``fla_op`` marker); elsewhere only for a flag whose module
+    is already imported. It never imports torch for a test that does not use it."""
+    with poisoned(op_test=request.node.get_closest_marker("fla_op") is not None):
         yield
+
+
+@pytest.fixture
+def fla_device(request):
+    """The device the numeric checks run on (``pytest_fla.devices.numeric_device``): the
+    GPU, held shared with the other workers' checks on it (the few that need most of its
+    memory hold it alone and wait for these), or the CPU under the interpreter. Skips
+    a ``dtype`` parameter that cannot be checked there, saying why."""
+    from .devices import dtype_skip_reason, numeric_device
+
+    device = numeric_device()
+    dtype = request.node.callspec.params.get("dtype") if hasattr(request.node, "callspec") else None
+    reason = dtype and dtype_skip_reason(dtype, device)
+    if reason:
+        pytest.skip(reason)
+    if device.type != "cuda":
+        yield device
         return
-    saved = utils.POISON_ALLOCATIONS
-    utils.POISON_ALLOCATIONS = True
-    try:
-        yield
-    finally:
-        utils.POISON_ALLOCATIONS = saved
+    from . import gpu_share
+
+    with gpu_share.for_device(device).shared():
+        yield device

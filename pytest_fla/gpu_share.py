@@ -85,3 +85,12 @@ def for_device(device) -> GpuShare:
     if name not in _SHARES:
         _SHARES[name] = GpuShare(name)
     return _SHARES[name]
+
+
+def alone_on(device):
+    """This process alone on ``device``'s GPU (other workers' checks wait): for the checks
+    that need a large part of its memory (a 2**31-element batch). Taking it waits for every
+    check in flight to end, which idles the rest of the GPU meanwhile: hold it only to run."""
+    import torch
+
+    return for_device(torch.device(device)).alone()

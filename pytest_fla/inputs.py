@@ -5,7 +5,7 @@ turns that into the ``OpSpec.factory`` callable. Layouts are tuples of dim names
 (``("B", "T", "H", "K")``) resolved against the case's dims, with ``N`` the number of
 sequences (``B``, or the number of packed sequences under ``cu_seqlens``).
 
-Distributions (OPS.md, "Realistic inputs"): gates are ``logsigmoid(randn) / normalizer``;
+Distributions (the contract's realistic inputs, ``docs/ops.md``): gates are ``logsigmoid(randn) / normalizer``;
 ``realistic`` uses normalizer 8 (a few percent decay per step), ``strong_decay`` 0.01
 (per-step log gates down to about -500: naive chunk forms overflow ``exp``),
 ``weak_decay`` 64. Everything is drawn on the CPU from one seeded generator, then moved,
@@ -15,7 +15,7 @@ so a sample is the same on every device.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import math
 
@@ -30,6 +30,9 @@ GATE_NORMALIZER = {"realistic": 8.0, "strong_decay": 0.01, "weak_decay": 64.0}
 @dataclass(frozen=True)
 class Arg:
     """One tensor argument: its layout and how its values are drawn.
+
+    ``layout`` names each dim (``("B", "T", "H", "K")``); names are free except ``B``,
+    ``T`` and ``N``, which the checks read (see :mod:`pytest_fla.spec`).
 
     kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
     ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per
@@ -93,15 +96,29 @@ def cu_seqlens_for(lengths, dtype=torch.int64) -> torch.Tensor:
     return torch.tensor(offsets, dtype=dtype)
 
 
-def make_factory(args: Mapping[str, Arg], extra: Callable[[Case, dict], dict] | None = None):
+def make_factory(
+    args: Mapping[str, Arg],
+    extra: Callable[[Case, dict], dict] | None = None,
+    *,
+    prepare: Callable[[Case], Case] | None = None,
+    finish: Callable[[Case, Sample, Any, torch.Generator], None] | None = None,
+    drop: tuple[str, ...] = (),
+):
     """An ``OpSpec.factory`` drawing ``args`` for a case.
 
     Case options whose name is an optional argument switch it on (``initial_state=True``);
-    every other option is passed to the op as a keyword (``output_final_state=True``).
-    ``extra(case, dims)`` may add keyword arguments computed from the dims.
+    every other option is passed to the op as a keyword (``output_final_state=True``),
+    except the factory switches named in ``drop``. Hooks, for ops whose inputs are more
+    than independent draws: ``prepare(case) -> case`` before drawing (derive a dim or an
+    option), ``extra(case, dims) -> kwargs`` to add arguments computed from the dims,
+    ``finish(case, sample, lengths, gen)`` to edit the drawn sample in place (``case`` as
+    given, before ``prepare``).
     """
 
     def factory(case: Case, dtype, device, gen, lengths) -> Sample:
+        original = case
+        if prepare is not None:
+            case = prepare(case)
         dims = resolve_dims(case, lengths)
         kwargs: dict = {}
         drawn: dict = {}  # float64 values, for the arguments coupled to them (``times``)
@@ -115,15 +132,18 @@ def make_factory(args: Mapping[str, Arg], extra: Callable[[Case, dict], dict] | 
             if arg.scale != 1.0:
                 values = values * arg.scale
             drawn[name] = values
-            target = torch.float32 if (arg.float32 or arg.kind == "state") else dtype
+            target = torch.float32 if (arg.float32 or arg.kind == "state") and dtype != torch.float64 else dtype
             kwargs[name] = values.to(target).to(device)
         for key, value in case.options.items():
-            if key not in args:
+            if key not in args and key not in drop:
                 kwargs[key] = value
         if extra is not None:
             kwargs.update(extra(case, dims))
         if lengths is not None:
             kwargs["cu_seqlens"] = cu_seqlens_for(lengths).to(device)
-        return Sample(kwargs)
+        sample = Sample(kwargs)
+        if finish is not None:
+            finish(original, sample, lengths, gen)
+        return sample
 
     return factory

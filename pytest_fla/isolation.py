@@ -74,6 +74,9 @@ def child_command(config, results_dir: Path, paths: list[str]) -> list[str]:
                 args += [arg, invocation[i + 1]]
         elif arg.startswith(("--tb", "--fla-blocking", "-W")) or (arg.startswith("-p") and len(arg) > 2):
             args.append(arg)
+    if config.getoption("fla_impl", None):
+        # which implementation the specs call: the child's tests have the same ids either way
+        args.append(f"--fla-impl={config.getoption('fla_impl')}")
     return args + paths
 
 

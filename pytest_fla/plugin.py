@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import distribute, repro, sanitizer, targets
+from . import distribute, poison, registry, repro, sanitizer, targets, toolchain
 from . import report as run_report
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
-    fla_poison_allocations,
     cu_seqlens,
     device_mismatch,
     fla_chunk_size,
+    fla_device,
+    fla_poison_allocations,
     huge_batch,
     parametrize_cu_seqlens,
     rotary_dims,
@@ -50,6 +51,12 @@ class RunState:
 
 RUN = pytest.StashKey[RunState]()
 TARGETS = pytest.StashKey[list]()
+
+
+def pytest_addhooks(pluginmanager):
+    from . import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
 
 
 def pytest_addoption(parser):
@@ -85,6 +92,20 @@ def pytest_addoption(parser):
     )
     group.addoption("--fla-report", default=None, metavar="PATH", help="write the ops x checks report as JSON")
     group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
+    group.addoption(
+        "--fla-impl",
+        default=None,
+        metavar="NAME",
+        help="whose kernels the op specs call, for a repository whose pytest_fla_specs hook knows several "
+        "implementations (it reads this value); this repository: kernels (default) or fla (fla-core)",
+    )
+    parser.addini(
+        poison.INI,
+        type="linelist",
+        default=list(poison.DEFAULT_TARGETS),
+        help="allocations poisoned with NaN during op tests: `torch` (torch.empty and friends, the default) "
+        "or `package.module:FLAG` flags the library's allocation helper reads",
+    )
     group.addoption("--fla-child", default=None, help=argparse.SUPPRESS)
 
 
@@ -138,6 +159,11 @@ def pytest_cmdline_main(config):
 def pytest_configure(config):
     config.addinivalue_line("markers", "fla_op(name): the op a test checks (a row of the report matrix)")
     config.addinivalue_line("markers", "fla_compile(arch): an offline compile check for one arch, e.g. 'sm86'")
+    config.addinivalue_line("markers", "large_memory: needs a GPU with tens of GiB free (tensors over 2**31 elements)")
+    try:
+        poison.configure(config.getini(poison.INI))
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
     role = _role(config)
     state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
     if config.option.fla_sanitizer and role != "child":
@@ -168,7 +194,7 @@ def pytest_report_header(config):
     state = config.stash.get(RUN, None)
     if state is None or state.role != "controller":
         return None
-    lines = [f"fla targets ({len(state.targets)}):"]
+    lines = [toolchain.header_line(), f"fla targets ({len(state.targets)}):"]
     lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
     if len(state.targets) > 1:
         lines.append("  one xdist worker per target; compile checks run in their own arch's worker")
@@ -205,6 +231,8 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_generate_tests(metafunc):
+    if hasattr(metafunc.function, "fla_parametrize"):
+        registry.parametrize(metafunc)
     if "cu_seqlens" in metafunc.fixturenames and not any(
         "cu_seqlens" in getattr(m, "args", ("",))[0] for m in metafunc.definition.iter_markers("parametrize")
     ):

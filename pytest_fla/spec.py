@@ -2,9 +2,19 @@
 
 An :class:`OpSpec` says what an op is (its kernel entry point and its float64 reference),
 how to draw inputs for it (:meth:`OpSpec.sample`), which inputs have gradients, which
-bad inputs must raise what, and which other op it must agree with. The generic checks in
-``tests/test_conformance.py`` are parametrized over every spec in
-:func:`pytest_fla.specs.all_specs`.
+bad inputs must raise what, which other op it must agree with, and at which sizes its
+launch grids are pushed past CUDA's limits. The generic checks
+(:mod:`pytest_fla.conformance`) are parametrized over every spec the session's
+``pytest_fla_specs`` hooks return (``docs/plugin-api.md``).
+
+Dim names in layouts and cases are free, except three that the checks read:
+
+* ``B``: the batch. The huge-grid and 64-bit-offset checks grow it, the varlen check
+  sets it to 1; a tensor whose layout starts with ``B`` (or ``N``) is tiled along it.
+* ``T``: time (tokens). Packed sequences lie along it; a tensor with ``T`` in its layout
+  is sliced per sequence by the varlen check.
+* ``N``: the number of sequences (``B``, or ``len(cu_seqlens) - 1``), set by the factory:
+  per-sequence tensors (``initial_state``) start with it.
 """
 
 from __future__ import annotations
@@ -17,9 +27,10 @@ DTYPE_NAMES = ("fp32", "bf16", "fp16")
 
 
 def torch_dtype(name: str):
+    """``"fp32"``, ``"bf16"``, ``"fp16"`` (the checked dtypes) or ``"fp64"`` (references)."""
     import torch
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}[name]
 
 
 @dataclass(frozen=True)
@@ -84,14 +95,18 @@ ErrorFactory = Callable[["OpSpec", Any], Iterable[ErrorInput]]
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op, as data. See the module docstring."""
+    """One op, as data. See the module docstring; build one with
+    :func:`pytest_fla.builders.op_spec` (any op) or
+    :func:`pytest_fla.builders.linear_attention_spec` (q/k/v recurrences)."""
 
     name: str
     family: str
     # The kernel entry point and the float64 reference: callables, or dotted paths
     # ("kernels.chunk_simple_gla") imported on first use, which keeps collection
     # import-light and lets the same specs point at another library's kernels.
-    op: Callable | str
+    # ``op=None`` describes a reference alone (its kernel not written yet): the
+    # reference's own tests use it, the conformance checks skip it.
+    op: Callable | str | None
     reference: Callable | str
     factory: SampleFactory
     cases: tuple[Case, ...]
@@ -111,14 +126,20 @@ class OpSpec:
     # The oldest arch the op supports (e.g. 80) and why; older targets raise
     # NotImplementedError before any launch, and their compile checks are skipped.
     min_arch: tuple[int, str] | None = None
-    # Dims for the huge-grid check (B*H above 65535); None where the op has no head grid.
+    # Dims for the huge-grid check: a batch whose launch grid passes 65535 programs along
+    # the batch (B*H above 65535, see ``builders.huge_grid_dims``); None: not checked.
     huge_grid: Mapping[str, int] | None = None
+    # Dims of a small sample that the 64-bit-offset check tiles along ``B`` until its
+    # tensors pass 2**31 elements (GPU only); None: not checked.
+    int64_dims: Mapping[str, int] | None = None
     # The input declaration the factory was built from (name -> inputs.Arg), for checks
     # that mutate single arguments (wrong shape, wrong device).
     args: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def op_fn(self) -> Callable:
+        if self.op is None:
+            raise TypeError(f"{self.name}: the spec describes a reference alone, it has no kernel to call")
         return resolve(self.op)
 
     @property

@@ -26,18 +26,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# Per-block opt-in shared memory in bytes; mirrors kernels._arch.SHARED_MEMORY_LIMIT,
-# repeated here because importing kernels would import torch and triton.
-SHARED_MEMORY_LIMIT = {
-    75: 65536,
-    80: 166912,
-    86: 101376,
-    89: 101376,
-    90: 232448,
-    100: 232448,
-    120: 101376,
-}
-ALL_ARCHS = tuple(sorted(SHARED_MEMORY_LIMIT))
+from .gpu_archs import ALL_ARCHS, SHARED_MEMORY_LIMIT, arch_name  # noqa: F401 - the table, re-exported
+from .gpu_archs import parse_known_arch as parse_arch
+
 # Targets that TRITON_OVERRIDE_ARCH was checked to produce working code for on a newer GPU.
 EMULATABLE = (80, 86, 89)
 
@@ -50,19 +41,6 @@ RUNS_KERNELS = {NATIVE: True, EMULATED: True, COMPILE_ONLY: False, INTERPRETER: 
 COMPILES = {NATIVE: True, EMULATED: True, COMPILE_ONLY: True, INTERPRETER: False}
 
 RUN_TARGET_ENV = "FLA_RUN_TARGET"
-
-
-def arch_name(arch: int) -> str:
-    return f"sm{arch}"
-
-
-def parse_arch(text: str) -> int:
-    """``'sm80'``, ``'sm_80'``, ``'80'`` -> 80 (only archs with a known budget)."""
-    word = text.strip().lower().removeprefix("sm").removeprefix("_")
-    if not word.isdigit() or int(word) not in SHARED_MEMORY_LIMIT:
-        known = ", ".join(arch_name(a) for a in ALL_ARCHS)
-        raise ValueError(f"unknown GPU arch {text!r}: expected native, all, or a list of {known}")
-    return int(word)
 
 
 @dataclass(frozen=True)

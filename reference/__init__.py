@@ -1,6 +1,6 @@
 """Float64 reference implementations of every op, the ground truth for the kernels.
 
-Plain PyTorch, step by step as in OPS.md. Every function upcasts its floating inputs to
+Plain PyTorch, step by step as in docs/ops.md. Every function upcasts its floating inputs to
 float64 (staying in the autograd graph, so gradients reach the caller's tensors), computes
 on the inputs' device and returns float64. Recurrent ops return (o, final_state), with
 final_state None unless output_final_state=True.

@@ -6,15 +6,18 @@ transition matrices for the delta-rule family, algebraic identities of the delta
 torch's scaled_dot_product_attention, complex multiplication for rotary, and torch's
 normalize / rms_norm / conv1d.
 """
+import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import reference as ref
+from pytest_fla.checks import sequence_slice
+from pytest_fla.inputs import cu_seqlens_for
+from pytest_fla.spec import Sample
+from pytest_fla.specs import reference_specs
 
 
 @pytest.fixture(autouse=True)
@@ -441,10 +444,11 @@ def test_rotary_offset_tensor_shifts_each_batch_row(interleaved):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
 def test_rotary_positions_restart_per_packed_sequence(interleaved):
     lengths, offsets = [3, 0, 1, 4], torch.tensor([2, 9, 0, 4])
-    x, cu_seqlens = randn(1, sum(lengths), 2, 6), cumulative(lengths)
+    x, cu_seqlens = randn(1, sum(lengths), 2, 6), cu_seqlens_for(lengths)
     out = ref.rotary_embedding(x, 6, interleaved=interleaved, seqlen_offset=offsets,
                                cu_seqlens=cu_seqlens)
-    for n, (start, end) in enumerate(spans(lengths)):
+    bounds = cu_seqlens.tolist()
+    for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         positions = torch.arange(end - start) + offsets[n]
         order = torch.arange(6) if interleaved else half_split_to_interleaved(6, 6)
         expected = rotary_as_complex(x[:, start:end][..., order], 6, positions)
@@ -513,252 +517,254 @@ def test_causal_conv1d_final_state_of_a_short_sequence_keeps_older_history():
 
 # ---------------------------------------------------------------- every op: varlen, gradients
 
-@dataclass
-class OpCase:
-    """One op with realistic inputs. make(B, T, H, K, V) -> tensors; tensors named in `fixed`
-    are per-op constants, the rest are per-token [B, T, ...]."""
-    fn: Callable
-    make: Callable
-    fixed: tuple = ()
-    options: dict = field(default_factory=dict)
-    state_shape: Callable = None  # (H, K, V) -> per-sequence state shape; None: no state
-    tokenwise: bool = False  # acts on each token alone: takes no cu_seqlens
+# The same op specs the conformance suite checks the kernels with (pytest_fla/specs/):
+# one per reference function, a spec describing the reference alone where its kernel is not
+# written yet. Each variant is a case whose options differ (a gate or none, l2norm in the
+# kernel, causal or not), drawn in float64 at tiny sizes.
 
-    def __call__(self, inputs, initial_state=None, cu_seqlens=None):
-        """(o, final_state or None)."""
-        kwargs = {**inputs, **self.options}
-        if not self.tokenwise:
-            kwargs["cu_seqlens"] = cu_seqlens
-        if self.state_shape is not None:
-            kwargs.update(initial_state=initial_state, output_final_state=True)
-        out = self.fn(**kwargs)
-        return out if isinstance(out, tuple) else (out, None)
+SPECS = reference_specs()
+# Options that only switch the initial and final state on: not a variant of their own.
+STATE_OPTIONS = ("initial_state", "output_final_state")
 
 
-def qkv(B, T, H, K, V, HV=None):
-    return dict(q=randn(B, T, H, K), k=randn(B, T, H, K), v=randn(B, T, HV or H, V))
+def variants(spec):
+    """The spec's cases whose options (other than the state switches) differ."""
+    seen, out = set(), []
+    for case in spec.cases:
+        key = tuple(sorted((k, repr(v)) for k, v in case.options.items() if k not in STATE_OPTIONS))
+        if key not in seen:
+            seen.add(key)
+            out.append(case)
+    return out
 
 
-def delta_inputs(B, T, H, K, V):
-    return dict(qkv(B, T, H, K, V), k=unit(B, T, H, K), beta=sigmoid_randn(B, T, H))
+def tiny(case, B, T, max_heads=2):
+    """``case`` at batch ``B``, length ``T``, at most ``max_heads`` heads (grouped heads in
+    the same ratio) and every other size at most 4; a rotary ``dim`` option is clipped to
+    the size. Sizes a kernel reads as constants (a conv width ``W``, its state ``S``) stay."""
+    dims = dict(case.dims)
+    heads = min(dims.get("H", 1), max_heads)
+    new = {"B": B, "T": T}
+    for name, size in dims.items():
+        if name in ("B", "T", "W", "S"):
+            continue
+        if name == "H":
+            new[name] = heads
+        elif name.startswith("H"):  # grouped heads (HV, HKV): the same ratio to H
+            new[name] = max(heads * size // dims["H"], 1)
+        else:
+            new[name] = min(size, 4)
+    options = dict(case.options)
+    if isinstance(options.get("dim"), int) and "D" in new:
+        options["dim"] = min(options["dim"], new["D"])
+    return dataclasses.replace(case, dims=new, options=options, gpu_dims=None)
 
 
-def gva_inputs(B, T, H, K, V, gate_shape):
-    HV = 2 * H
-    return dict(qkv(B, T, H, K, V, HV), k=unit(B, T, H, K), g=log_gate(B, T, HV, *gate_shape),
-                beta=sigmoid_randn(B, T, HV))
+def has_state(spec):
+    return "initial_state" in spec.args
 
 
-CONV_WIDTH = 3
+def draw(spec, case, B=2, T=3, lengths=None, state=True, seed=0, max_heads=2):
+    """Float64 keyword arguments for ``spec``'s reference at tiny sizes (``lengths``: packed)."""
+    options = {k: v for k, v in case.options.items() if k not in STATE_OPTIONS}
+    if has_state(spec):
+        options.update(initial_state=state, output_final_state=True)
+    case = tiny(dataclasses.replace(case, options=options), B, T if lengths is None else sum(lengths), max_heads)
+    return spec.sample(case, "fp64", "cpu", seed=seed, lengths=lengths).kwargs
 
 
-def head_state(H, K, V):
-    return (H, K, V)
+def call(spec, kwargs):
+    """(o, final_state or None) of the reference."""
+    out = spec.call_reference(Sample(kwargs))
+    return out[0], (out[1] if len(out) > 1 else None)
 
 
-def gva_state(H, K, V):
-    return (2 * H, K, V)
+def floating(kwargs):
+    return [name for name, x in kwargs.items() if isinstance(x, torch.Tensor) and x.is_floating_point()]
 
 
-CASES = {
-    "linear_attn": OpCase(ref.linear_attn, qkv, state_shape=head_state),
-    "simple_gla": OpCase(ref.simple_gla, lambda B, T, H, K, V: dict(
-        qkv(B, T, H, K, V), g=log_gate(B, T, H), g_gamma=log_gate(H)),
-        fixed=("g_gamma",), state_shape=head_state),
-    "retention": OpCase(ref.retention, qkv, state_shape=head_state),
-    "gla": OpCase(ref.gla, lambda B, T, H, K, V: dict(qkv(B, T, H, K, V), g=log_gate(B, T, H, K)),
-                  state_shape=head_state),
-    "rwkv6": OpCase(ref.rwkv6, lambda B, T, H, K, V: dict(
-        r=randn(B, T, H, K), k=randn(B, T, H, K), v=randn(B, T, H, V), w=log_gate(B, T, H, K),
-        u=randn(H, K)), fixed=("u",), state_shape=head_state),
-    "hgrn": OpCase(ref.hgrn, lambda B, T, H, K, V: dict(x=randn(B, T, K), g=log_gate(B, T, K)),
-                   state_shape=lambda H, K, V: (K,)),
-    "delta_rule": OpCase(ref.delta_rule, delta_inputs, state_shape=head_state),
-    "delta_rule_qk_l2norm": OpCase(ref.delta_rule, lambda B, T, H, K, V: dict(
-        qkv(B, T, H, K, V), beta=sigmoid_randn(B, T, H)),
-        options=dict(use_qk_l2norm_in_kernel=True), state_shape=head_state),
-    "gated_delta_rule_gva": OpCase(ref.gated_delta_rule, lambda B, T, H, K, V: gva_inputs(
-        B, T, H, K, V, ()), state_shape=gva_state),
-    "kda_gva": OpCase(ref.kda, lambda B, T, H, K, V: gva_inputs(B, T, H, K, V, (K,)),
-                      state_shape=gva_state),
-    "dplr_delta_rule": OpCase(ref.dplr_delta_rule, dplr_inputs, state_shape=head_state),
-    "rwkv7": OpCase(ref.rwkv7, rwkv7_inputs, state_shape=head_state),
-    "causal_conv1d": OpCase(ref.causal_conv1d, lambda B, T, H, K, V: dict(
-        x=randn(B, T, K), weight=randn(K, CONV_WIDTH), bias=randn(K)),
-        fixed=("weight", "bias"), options=dict(activation="silu"),
-        state_shape=lambda H, K, V: (K, CONV_WIDTH - 1)),
-    "attention_causal_window_gqa": OpCase(ref.attention, lambda B, T, H, K, V: dict(
-        q=randn(B, T, 2 * H, K), k=randn(B, T, H, K), v=randn(B, T, H, V)),
-        options=dict(causal=True, window_size=2)),
-    "attention_noncausal": OpCase(ref.attention, qkv, options=dict(causal=False)),
-    "rotary_embedding": OpCase(ref.rotary_embedding, lambda B, T, H, K, V: dict(
-        x=randn(B, T, H, 4)), options=dict(dim=2)),
-}
-
-TOKENWISE_CASES = {
-    "l2norm": OpCase(ref.l2norm, lambda B, T, H, K, V: dict(x=randn(B, T, K)), tokenwise=True),
-    "rms_norm": OpCase(ref.rms_norm, lambda B, T, H, K, V: dict(
-        x=randn(B, T, K), weight=randn(K), bias=randn(K)), tokenwise=True),
-    "rms_norm_gated": OpCase(ref.rms_norm_gated, lambda B, T, H, K, V: dict(
-        x=randn(B, T, K), g=randn(B, T, K), weight=randn(K)), tokenwise=True),
-}
-
-STATEFUL = {name: case for name, case in CASES.items() if case.state_shape is not None}
+def per_token(spec, name):
+    return "T" in spec.args[name].layout if name in spec.args else False
 
 
-def cumulative(lengths, dtype=torch.int64):
-    return torch.tensor([0] + lengths, dtype=dtype).cumsum(0).to(dtype)
+def row(spec, kwargs, b):
+    """The keyword arguments of batch row ``b`` alone (per-op constants stay)."""
+    return {name: x[b:b + 1] if isinstance(x, torch.Tensor) and name in spec.args and spec.args[name].layout[0] in ("B", "N")
+            else x for name, x in kwargs.items()}
 
 
-def spans(lengths):
-    bounds = cumulative(lengths).tolist()
-    return list(zip(bounds[:-1], bounds[1:]))
+def undeclared_tensors(spec, kwargs):
+    """Tensors a factory added beyond the spec's declared inputs (rotary's per-sequence
+    offsets): the tests cannot know how to slice them, or whether the reference reads
+    their values."""
+    return [n for n, x in kwargs.items() if isinstance(x, torch.Tensor) and n not in spec.args and n != "cu_seqlens"]
 
 
-def initial_state_for(case, N, H, K, V):
-    return None if case.state_shape is None else randn(N, *case.state_shape(H, K, V))
+def skip_if_undeclared(spec, kwargs, why):
+    names = undeclared_tensors(spec, kwargs)
+    if names:
+        pytest.skip(f"{spec.name}'s {', '.join(names)}: {why}; its own tests above check it")
 
 
-def varlen_params():
-    for name, case in CASES.items():
-        for start in ("initial_state", "zero_state") if case.state_shape else ("stateless",):
-            yield pytest.param(case, start, id=f"{name}-{start}")
+def variant_params(where=lambda spec: True):
+    return [pytest.param(spec, case, id=f"{spec.name}-{case.name}")
+            for spec in SPECS if where(spec) for case in variants(spec)]
+
+
+def test_every_reference_has_a_spec():
+    """Every reference function is drawn for by some spec (a kernel's, or its own)."""
+    covered = {spec.reference_fn for spec in SPECS}
+    missing = [name for name in ref.__all__ if getattr(ref, name) not in covered]
+    assert not missing, f"references without a spec (add one in pytest_fla/specs/): {missing}"
+
+
+def packed_params():
+    for param in variant_params(lambda spec: spec.varlen):
+        spec, case = param.values
+        for start in ("initial_state", "zero_state") if has_state(spec) else ("stateless",):
+            yield pytest.param(spec, case, start, id=f"{param.id}-{start}")
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
-@pytest.mark.parametrize("case, start", list(varlen_params()))
-def test_packed_sequences_match_separate_calls(case, start, index_dtype):
+@pytest.mark.parametrize("spec, case, start", list(packed_params()))
+def test_packed_sequences_match_separate_calls(spec, case, start, index_dtype):
     """Sequences of lengths 3, 0, 1, 5 packed with cu_seqlens, each from its own initial
     state row (or from zeros), equal one B = 1 call per sequence."""
-    lengths, H, K, V = [3, 0, 1, 5], 2, 3, 4
-    inputs = case.make(1, sum(lengths), H, K, V)
-    S0 = initial_state_for(case, len(lengths), H, K, V) if start == "initial_state" else None
-    o, final = case(inputs, S0, cu_seqlens=cumulative(lengths, index_dtype))
+    lengths = (3, 0, 1, 5)
+    kwargs = draw(spec, case, lengths=lengths, state=start == "initial_state")
+    skip_if_undeclared(spec, kwargs, "a per-sequence value, not sliced here")
+    kwargs["cu_seqlens"] = kwargs["cu_seqlens"].to(index_dtype)
+    o, final = call(spec, kwargs)
     assert o.shape[:2] == (1, sum(lengths))
-    for n, (begin, end) in enumerate(spans(lengths)):
-        sequence = {name: x if name in case.fixed else x[:, begin:end]
-                    for name, x in inputs.items()}
-        o_n, final_n = case(sequence, None if S0 is None else S0[n:n + 1])
+    bounds = kwargs["cu_seqlens"].tolist()
+    for n, (begin, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if begin == end:
+            continue  # a zero-length sequence: its final state is checked below
+        o_n, final_n = call(spec, sequence_slice(spec, kwargs, begin, end, n))
         torch.testing.assert_close(o[:, begin:end], o_n)
         if final is not None:
             torch.testing.assert_close(final[n:n + 1], final_n)
     if final is not None:
+        S0 = kwargs.get("initial_state")
         empty_start = torch.zeros_like(final[1]) if S0 is None else S0[1]
         assert torch.equal(final[1], empty_start), "a zero-length sequence keeps its initial state"
 
 
-@pytest.mark.parametrize("case", STATEFUL.values(), ids=STATEFUL.keys())
-def test_batch_rows_are_independent_sequences(case):
+@pytest.mark.parametrize("spec, case", variant_params(has_state))
+def test_batch_rows_are_independent_sequences(spec, case):
     """Row b of a B = 3 call, from initial_state[b], equals a B = 1 call on that row alone."""
-    B, T, H, K, V = 3, 4, 2, 3, 2
-    inputs, S0 = case.make(B, T, H, K, V), initial_state_for(case, B, H, K, V)
-    o, final = case(inputs, S0)
-    for b in range(B):
-        row = {name: x if name in case.fixed else x[b:b + 1] for name, x in inputs.items()}
-        o_b, final_b = case(row, S0[b:b + 1])
+    kwargs = draw(spec, case, B=3, T=4)
+    o, final = call(spec, kwargs)
+    for b in range(3):
+        o_b, final_b = call(spec, row(spec, kwargs, b))
         torch.testing.assert_close(o[b:b + 1], o_b)
         torch.testing.assert_close(final[b:b + 1], final_b)
 
 
-@pytest.mark.parametrize("case", STATEFUL.values(), ids=STATEFUL.keys())
-def test_final_state_only_when_asked_and_zero_state_by_default(case):
-    B, T, H, K, V = 2, 3, 2, 3, 2
-    inputs = case.make(B, T, H, K, V)
-    o, final = case.fn(**inputs, **case.options)
+@pytest.mark.parametrize("spec, case", variant_params(has_state))
+def test_final_state_only_when_asked_and_zero_state_by_default(spec, case):
+    kwargs = draw(spec, case, B=2, T=3)
+    plain = {k: v for k, v in kwargs.items() if k not in STATE_OPTIONS}
+    o, final = call(spec, plain)
     assert final is None
-    o_from_zeros, _ = case(inputs, torch.zeros(B, *case.state_shape(H, K, V), dtype=torch.float64))
+    o_from_zeros, _ = call(spec, {**kwargs, "initial_state": torch.zeros_like(kwargs["initial_state"])})
     torch.testing.assert_close(o, o_from_zeros)
 
 
-GRADCHECK_LAYOUTS = {"batch2": (2, 3, None), "varlen": (1, 4, [2, 0, 2])}
-ALL_CASES = {**CASES, **TOKENWISE_CASES}
+GRADCHECK_LAYOUTS = {"batch2": (2, 3, None), "varlen": (1, 4, (2, 0, 2))}
 
 
 def gradcheck_params():
-    for name, case in ALL_CASES.items():
+    for spec, case in (param.values for param in variant_params()):
         for layout in GRADCHECK_LAYOUTS:
-            if not (case.tokenwise and layout == "varlen"):
-                yield pytest.param(case, layout, id=f"{name}-{layout}")
+            if spec.varlen or layout != "varlen":
+                yield pytest.param(spec, case, layout, id=f"{spec.name}-{case.name}-{layout}")
 
 
-@pytest.mark.parametrize("case, layout", list(gradcheck_params()))
-def test_gradcheck(case, layout):
+@pytest.mark.parametrize("spec, case, layout", list(gradcheck_params()))
+def test_gradcheck(spec, case, layout):
     """Analytic float64 gradients equal finite differences for every floating input,
     initial_state included."""
     B, T, lengths = GRADCHECK_LAYOUTS[layout]
-    H, K, V = 1, 2, 2
-    inputs = case.make(B, T, H, K, V)
-    N = B if lengths is None else len(lengths)
-    S0 = initial_state_for(case, N, H, K, V)
-    cu_seqlens = None if lengths is None else cumulative(lengths)
-    names = list(inputs) + ([] if S0 is None else ["initial_state"])
-    leaves = [x.detach().requires_grad_() for x in [*inputs.values(), S0] if x is not None]
+    kwargs = draw(spec, case, B=B, T=T, lengths=lengths, max_heads=1)
+    names = floating(kwargs)
 
     def fn(*tensors):
-        given = dict(zip(names, tensors))
-        o, final = case({n: given[n] for n in inputs}, given.get("initial_state"), cu_seqlens)
+        o, final = call(spec, {**kwargs, **dict(zip(names, tensors))})
         return o if final is None else (o, final)
 
-    assert torch.autograd.gradcheck(fn, leaves)
+    assert torch.autograd.gradcheck(fn, [kwargs[n].detach().requires_grad_() for n in names])
 
 
-@pytest.mark.parametrize("case", ALL_CASES.values(), ids=ALL_CASES.keys())
-def test_float32_inputs_give_float64_outputs_and_float32_gradients(case):
-    B, T, H, K, V = 2, 3, 2, 4, 2
-    inputs = {name: x.float().requires_grad_() for name, x in case.make(B, T, H, K, V).items()}
-    S0 = initial_state_for(case, B, H, K, V)
-    S0 = None if S0 is None else S0.float().requires_grad_()
-    o, final = case(inputs, S0)
+@pytest.mark.parametrize("spec, case", variant_params())
+def test_float32_inputs_give_float64_outputs_and_float32_gradients(spec, case):
+    kwargs = draw(spec, case, B=2, T=3)
+    names = floating(kwargs)
+    kwargs.update({n: kwargs[n].float().requires_grad_() for n in names})
+    o, final = call(spec, kwargs)
     assert o.dtype == torch.float64
     assert final is None or final.dtype == torch.float64
     (o.sum() + (0 if final is None else final.sum())).backward()
-    for name, x in [*inputs.items(), ("initial_state", S0)]:
-        if x is not None:
-            assert x.grad is not None and x.grad.dtype == torch.float32, name
-            assert torch.isfinite(x.grad).all(), name
+    for name in names:
+        grad = kwargs[name].grad
+        assert grad is not None and grad.dtype == torch.float32, name
+        assert torch.isfinite(grad).all(), name
 
 
-@pytest.mark.parametrize("case", ALL_CASES.values(), ids=ALL_CASES.keys())
-def test_computes_on_the_inputs_device(case):
+@pytest.mark.parametrize("spec, case", variant_params())
+def test_computes_on_the_inputs_device(spec, case):
     """On the meta device (shapes only, no data) every tensor the op creates must land beside
     its inputs, or mixing them raises."""
-    B, T, H, K, V = 2, 3, 2, 4, 2
-    inputs = {name: x.to("meta") for name, x in case.make(B, T, H, K, V).items()}
-    S0 = initial_state_for(case, B, H, K, V)
-    o, final = case(inputs, None if S0 is None else S0.to("meta"))
+    def on_meta(kwargs):
+        return {n: x.to("meta") if isinstance(x, torch.Tensor) and n != "cu_seqlens" else x for n, x in kwargs.items()}
+
+    kwargs = draw(spec, case, B=2, T=3)
+    skip_if_undeclared(spec, kwargs, "values the reference reads, which a meta tensor has not")
+    o, final = call(spec, on_meta(kwargs))
     assert o.device.type == "meta"
     assert final is None or final.device.type == "meta"
-    if not case.tokenwise:
-        packed = {name: x.to("meta") for name, x in case.make(1, 2 * T, H, K, V).items()}
-        o, final = case(packed, cu_seqlens=torch.tensor([0, T, T, 2 * T]))
+    if spec.varlen:
+        o, final = call(spec, on_meta(draw(spec, case, lengths=(3, 0, 3))))
         assert o.device.type == "meta"
         assert final is None or final.device.type == "meta"
 
 
-def _outputs_and_grads(case, layout, T):
-    lengths = [T // 2, 0, T - T // 2] if layout == "varlen" else None
-    B, H, K, V = (1 if lengths else 2), 2, 3, 4
-    inputs = {name: x.requires_grad_() for name, x in case.make(B, T, H, K, V).items()}
-    S0 = initial_state_for(case, len(lengths) if lengths else B, H, K, V).requires_grad_()
-    o, final = case(inputs, S0, None if lengths is None else cumulative(lengths))
-    leaves = [*inputs.values(), S0]
+def spec_for(reference_name, case_name=None):
+    spec = next(s for s in SPECS if s.reference_fn is getattr(ref, reference_name))
+    return spec, spec.case(case_name) if case_name else spec.cases[0]
+
+
+def _outputs_and_grads(spec, case, layout, T):
+    lengths = (T // 2, 0, T - T // 2) if layout == "varlen" else None
+    kwargs = draw(spec, case, B=2, T=T, lengths=lengths, seed=1)
+    names = floating(kwargs)
+    leaves = [kwargs[n].requires_grad_() for n in names]
+    o, final = call(spec, kwargs)
     grads = torch.autograd.grad((o * o.detach().cos()).sum() + final.sum(), leaves)
     return [o, final, *grads]
 
 
+CHECKPOINTED = {
+    "simple_gla": ("simple_gla", None),
+    "gla": ("gla", None),
+    "gated_delta_rule_gva": ("gated_delta_rule", "gva_state"),
+    "dplr_delta_rule": ("dplr_delta_rule", None),
+    "hgrn": ("hgrn", None),
+}
+
+
 @pytest.mark.parametrize("layout", ["batch2", "varlen"])
-@pytest.mark.parametrize("name", ["simple_gla", "gla", "gated_delta_rule_gva", "dplr_delta_rule", "hgrn"])
+@pytest.mark.parametrize("name", CHECKPOINTED)
 def test_checkpointed_scan_gives_the_same_outputs_and_gradients(name, layout, monkeypatch):
     """Long scans under autograd recompute their steps segment by segment in backward:
     the numbers must not change."""
     from reference import _recurrence
 
-    case, T = CASES[name], 23
-    torch.manual_seed(1)
-    plain = _outputs_and_grads(case, layout, T)
+    spec, case = spec_for(*CHECKPOINTED[name])
+    T = 23
+    plain = _outputs_and_grads(spec, case, layout, T)
     monkeypatch.setattr(_recurrence, "CHECKPOINT_MIN_STEPS", 1)
-    torch.manual_seed(1)
-    segmented = _outputs_and_grads(case, layout, T)
+    segmented = _outputs_and_grads(spec, case, layout, T)
     for a, b in zip(plain, segmented):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
 
@@ -767,6 +773,9 @@ def test_checkpointed_scan_saves_about_sqrt_T_states(monkeypatch):
     """What autograd keeps from a 256-step scan: with segments, a few states per segment
     start instead of several per step."""
     from reference import _recurrence
+
+    spec, case = spec_for("gla")
+    case = dataclasses.replace(case, dims={"B": 1, "T": 256, "H": 2, "K": 16, "V": 16}, options={}, gpu_dims=None)
 
     def saved_bytes(min_steps):
         monkeypatch.setattr(_recurrence, "CHECKPOINT_MIN_STEPS", min_steps)
@@ -777,9 +786,11 @@ def test_checkpointed_scan_saves_about_sqrt_T_states(monkeypatch):
             total += t.numel() * t.element_size()
             return t
 
-        inputs = {n: x.requires_grad_() for n, x in CASES["gla"].make(1, 256, 2, 16, 16).items()}
+        kwargs = spec.sample(case, "fp64", "cpu").kwargs
+        for name in floating(kwargs):
+            kwargs[name].requires_grad_()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            o, _ = CASES["gla"](inputs)
+            call(spec, kwargs)
         return total
 
     state_bytes = 2 * 16 * 16 * 8

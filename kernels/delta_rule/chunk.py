@@ -1,6 +1,6 @@
 r"""Chunked delta rule and gated delta rule: ``chunk_delta_rule``, ``chunk_gated_delta_rule``.
 
-Recurrence (per value head; OPS.md), state ``S`` of shape [K, V]::
+Recurrence (per value head; docs/ops.md), state ``S`` of shape [K, V]::
 
     S_t = e^{g_t} (I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,    o_t = S_t^T (scale q_t)
 
@@ -113,12 +113,15 @@ head j reads key head ``j // (HV // H)``. The state is [N, HV, K, V] and o [B, T
 from __future__ import annotations
 
 import numbers
+from typing import Optional
 
 import torch
 
 from .. import _arch
+from .. import _library as library
 from .. import _validate as V_
 from .._utils import chunk_map as build_chunk_map
+from .._utils import contiguous
 from ._chunk_common import CHUNK, choose_configs
 from .chunk_bwd import chunk_bwd
 from .chunk_fwd import chunk_fwd
@@ -126,36 +129,45 @@ from .chunk_fwd import chunk_fwd
 MAX_HEAD_DIM = 256
 
 
-class _ChunkGatedDeltaRule(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                chunk_map, num_seqs, l2norm, keep):
-        q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-        g = g.contiguous() if g is not None else None
-        initial_state = initial_state.contiguous() if initial_state is not None else None
-        cfg = choose_configs(q.shape[-1], v.shape[-1], q.dtype)
-        o, final_state, saved = chunk_fwd(
-            q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map,
-            num_seqs, l2norm, keep, cfg,
-        )
-        if keep:
-            names = sorted(saved)
-            ctx.save_for_backward(q, k, v, g, beta, initial_state, *(saved[n] for n in names))
-            ctx.saved_names = names
-            ctx.args = (scale, cu_seqlens, chunk_map, num_seqs, l2norm, cfg)
-        return o, final_state
+# what the forward keeps for the backward, in the order the ops pass it
+SAVED = ("G", "L", "P", "h", "rk", "rq", "vn", "w")
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, *rest = ctx.saved_tensors
-        saved = dict(zip(ctx.saved_names, rest))
-        scale, cu_seqlens, chunk_map, num_seqs, l2norm, cfg = ctx.args
-        dq, dk, dv, dg, dbeta, dh0 = chunk_bwd(
-            q, k, v, g, beta, scale, initial_state, do.contiguous(),
-            dht.contiguous() if dht is not None else None,
-            cu_seqlens, chunk_map, num_seqs, l2norm, saved, cfg,
-        )
-        return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None, None
+
+def chunk_table(q, cu_seqlens, offsets):
+    """(varlen chunk table or None, number of sequences) of one call."""
+    table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
+    return table, q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+
+
+def _launch_plan(q, v, cu_seqlens, offsets):
+    """(configs, varlen chunk table or None, number of sequences) of one call."""
+    return (choose_configs(q.shape[-1], v.shape[-1], q.dtype), *chunk_table(q, cu_seqlens, offsets))
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, l2norm: bool,
+             *, keep, offsets):
+    """The forward launches; returns ``((o, final state or None), what the backward reads)``."""
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
+    cfg, table, N = _launch_plan(q, v, cu_seqlens, offsets)
+    o, final_state, saved = chunk_fwd(
+        q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, table, N, l2norm, keep, cfg,
+    )
+    return (o, final_state), tuple(saved[n] for n in SAVED) if keep else ()
+
+
+def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, l2norm, *, offsets):
+    q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
+    cfg, table, N = _launch_plan(q, v, cu_seqlens, offsets)
+    dq, dk, dv, dg, dbeta, dh0 = chunk_bwd(
+        q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, table, N, l2norm, dict(zip(SAVED, saved)), cfg,
+    )
+    return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
+
+
+OPS = {name: library.register(name, _forward, _backward) for name in ("chunk_delta_rule", "chunk_gated_delta_rule")}
 
 
 def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, gated):
@@ -189,7 +201,7 @@ def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
     V_.check_range(op, "value head dim V", Vd, 1, MAX_HEAD_DIM)
 
     offsets = V_.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets is None else offsets.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     V_.check_initial_state(op, initial_state, (N, HV, K, Vd), f"[N, {heads}, K, V]")
     return offsets, N
 
@@ -200,15 +212,8 @@ def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
                            gated=g is not None)
     _arch.require_arch(op, 80, _arch.SM75_TILES)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    table = build_chunk_map(offsets, CHUNK, q.device) if offsets is not None else None
-    # what the backward reads is kept only when a backward can follow (not under no_grad)
-    keep = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
-    )
-    return _ChunkGatedDeltaRule.apply(
-        q, k, v, g, beta, scale, initial_state, bool(output_final_state), cu_seqlens, table, N,
-        bool(use_qk_l2norm_in_kernel), keep,
-    )
+    return OPS[op](q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, bool(output_final_state),
+                   bool(use_qk_l2norm_in_kernel), offsets=offsets)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,

@@ -21,49 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .._arch import COMPILE_OPTIONS
 from .._utils import empty
 from .._chunk import (
     chunk_coords, load_state_pieces, masked_exp, mm, rows_tile, rows_tile_store, rows_tile_t, state_piece_load, store_state_pieces,
 )
 from .._sequence import state_slots
+from .._triangular import unit_lower_inverse
 from ._chunk_common import CHUNK, L2NORM_EPS, load_gate_chunk, state_program
-
-
-@triton.jit
-def unit_lower_inverse(A, AT, BT: tl.constexpr, DT: tl.constexpr):
-    """(I + A)^{-1} for a strictly lower-triangular fp32 [BT, BT] tile A (BT a multiple of 16).
-
-    ``AT`` is A transposed (callers form both from the same symmetric K K^T), so that a row
-    of A can be read as a column of AT without a layout conversion.
-
-    The 16 x 16 diagonal blocks are inverted together, by forward substitution on a
-    [BT/16, 16, 16] view. With D that block-diagonal inverse and A_o the part of A below
-    the diagonal blocks, I + A = (I + A_d)(I + D A_o), and N = D A_o is strictly
-    block-lower over at most four blocks (BT = 64), so N^4 = 0 and
-    (I + A)^{-1} = (I - N)(I + N^2) D: four tensor-core products, with operands in ``DT``
-    (the input dtype: L is rounded to it for every later product anyway).
-    """
-    NB: tl.constexpr = BT // 16
-    blk = tl.arange(0, NB)
-    r16 = tl.arange(0, 16)
-    same_block = blk[:, None, None, None] == blk[None, None, :, None]
-    # AdT[b, c, r] = A[16 b + r, 16 b + c]
-    AdT = tl.sum(tl.where(same_block, tl.reshape(AT, (NB, 16, NB, 16)), 0.0), axis=2)
-    X = tl.where(r16[None, :, None] == r16[None, None, :], 1.0, 0.0) + tl.zeros((NB, 16, 16), tl.float32)
-    for i in tl.static_range(1, 16):
-        # row i of each block: e_i - sum_{c < i} A_d[i, c] X[c, :], rows c < i already final
-        a_i = tl.sum(tl.where(r16[None, None, :] == i, AdT, 0.0), axis=2)
-        x_i = tl.where(r16[None, :] == i, 1.0, 0.0) - tl.sum(a_i[:, :, None] * X, axis=1)
-        X = tl.where(r16[None, :, None] == i, x_i[:, None, :], X)
-    D = tl.reshape(tl.where(same_block, X[:, :, None, :], 0.0), (BT, BT))
-    rows = tl.arange(0, BT)
-    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    A_o = tl.where(rows[:, None] // 16 > rows[None, :] // 16, A, 0.0)
-    # the products take the input dtype (fp32: three-pass tf32), like every product of L later
-    D = D.to(DT)
-    N = mm(D, A_o.to(DT))
-    N2 = mm(N.to(DT), N.to(DT))
-    return mm(mm((eye - N).to(DT), (eye + N2).to(DT)).to(DT), D)
 
 
 @triton.jit
@@ -105,7 +70,7 @@ def prepare_wy_kernel(
     if L2NORM:
         b_rk = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         # every value head of the group computes the same norms; the first one stores them
-        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=valid & (i_hv % (HV // H) == 0))
+        tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=tl.where(i_hv % (HV // H) == 0, valid, False))
         b_A = b_A * b_rk[:, None] * b_rk[None, :]
         b_kscale = b_kscale * b_rk
 
@@ -135,6 +100,17 @@ def prepare_wy_kernel(
 
 
 @triton.jit
+def piece_decay(decay, slot_row, i_p, decay_scalar, K: tl.constexpr, BKS: tl.constexpr, CHANNEL_DECAY: tl.constexpr):
+    """The decay of one [BKS, BV] key piece of a chunk's state: the scalar e^{G_C}, or with
+    CHANNEL_DECAY the rows [i_p BKS, (i_p + 1) BKS) of the chunk's [K] vector e^{G_C}
+    (``decay`` holds one per state slot and value head; ``slot_row`` is that row)."""
+    if CHANNEL_DECAY:
+        rows = i_p * BKS + tl.arange(0, BKS)
+        return tl.load(decay + slot_row * K + rows, mask=rows < K, other=0.0)[:, None]
+    return decay_scalar
+
+
+@triton.jit
 def _state_piece_update(b_h, k_base, n_valid, i_p, b_vnd, decay,
                         H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BKS: tl.constexpr):
     """One [BKS, BV] piece of h <- e^{G_C} h + K^T (decayed pseudo-values)."""
@@ -148,10 +124,14 @@ def state_pass_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
-    USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, CHANNEL_DECAY: tl.constexpr = False, decay=None,
 ):
     """The state is held as NKS (1, 2 or 4) pieces of [BKS, BV] rows, so each product
-    stages a [BT, BKS] operand rather than the whole [BT, K] one (shared memory at K = 256)."""
+    stages a [BT, BKS] operand rather than the whole [BT, K] one (shared memory at K = 256).
+
+    With CHANNEL_DECAY (kda, ``chunk_kda.py``) the gates are per key channel and already
+    folded into the operands: ``k`` is the [B, T, HV, K] buffer of k ⊙ e^{G_C - G}
+    (H = HV), ``w``, ``u`` need no gate, and ``decay`` holds each chunk's [K] e^{G_C}."""
     i_v, i_nh, i_hv, i_h, bos, eos, slot0, NT = state_program(cu_seqlens, T, H, HV, V, BT, BV, IS_VARLEN)
     rows = tl.arange(0, BT)
     DT = k.dtype.element_ty
@@ -178,20 +158,25 @@ def state_pass_kernel(
         rows_tile_store(vn + (t0 * HV + i_hv) * V, b_vn, n_valid, HV * V, V, i_v * BV, BT, BV)
 
         # h <- e^{G_C} h + (K * e^{G_C - G})^T (U - W h)
-        decay = 1.0
+        chunk_decay = 1.0
         if USE_G:
             b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
             b_vn = b_vn * masked_exp(b_G_last - b_G, valid)[:, None]
-            decay = tl.exp(b_G_last.to(tl.float32))
+            chunk_decay = tl.exp(b_G_last.to(tl.float32))
         if L2NORM:
             b_vn = b_vn * tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)[:, None]
         b_vnd = b_vn.to(DT)
-        b_h1 = _state_piece_update(b_h1, k_base, n_valid, 0, b_vnd, decay, H, K, BT, BKS)
+        slot_row = (slot0 + i_c) * HV + i_hv
+        b_h1 = _state_piece_update(b_h1, k_base, n_valid, 0, b_vnd,
+                                   piece_decay(decay, slot_row, 0, chunk_decay, K, BKS, CHANNEL_DECAY), H, K, BT, BKS)
         if NKS > 1:
-            b_h2 = _state_piece_update(b_h2, k_base, n_valid, 1, b_vnd, decay, H, K, BT, BKS)
+            b_h2 = _state_piece_update(b_h2, k_base, n_valid, 1, b_vnd,
+                                       piece_decay(decay, slot_row, 1, chunk_decay, K, BKS, CHANNEL_DECAY), H, K, BT, BKS)
         if NKS > 2:
-            b_h3 = _state_piece_update(b_h3, k_base, n_valid, 2, b_vnd, decay, H, K, BT, BKS)
-            b_h4 = _state_piece_update(b_h4, k_base, n_valid, 3, b_vnd, decay, H, K, BT, BKS)
+            b_h3 = _state_piece_update(b_h3, k_base, n_valid, 2, b_vnd,
+                                       piece_decay(decay, slot_row, 2, chunk_decay, K, BKS, CHANNEL_DECAY), H, K, BT, BKS)
+            b_h4 = _state_piece_update(b_h4, k_base, n_valid, 3, b_vnd,
+                                       piece_decay(decay, slot_row, 3, chunk_decay, K, BKS, CHANNEL_DECAY), H, K, BT, BKS)
 
     if STORE_HT:
         store_state_pieces(ht + i_nh * K * V, b_h1, b_h2, b_h3, b_h4, i_v, K, V, BKS, NKS, BV)
@@ -204,7 +189,11 @@ def output_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_G: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_P: tl.constexpr,
+    GIVEN_P: tl.constexpr = False,
 ):
+    """O = scale ((Q * e^G) h + P U). With GIVEN_P (kda, ``chunk_kda.py``) the per-channel
+    gates are already folded in: ``q`` is the [B, T, HV, K] buffer of scale q ⊙ e^G
+    (H = HV), ``P`` the scaled intra-chunk matrix, and ``scale`` is 1."""
     NV: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = (pid % NV).to(tl.int32)
@@ -221,10 +210,11 @@ def output_kernel(
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_q = rows_tile(q + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
-        b_kt = rows_tile_t(k + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
         b_h = state_piece_load(h + (slot * HV + i_hv) * K * V, i_k, i_v, K, V, BK, BV)
         b_o += mm(b_q, b_h)
-        b_A += mm(b_q, b_kt)
+        if not GIVEN_P:
+            b_kt = rows_tile_t(k + (t0 * H + i_h) * K, n_valid, H * K, K, i_k * BK, BT, BK)
+            b_A += mm(b_q, b_kt)
 
     if L2NORM:
         # The norms of q take a loop of their own (the tiles come again from cache): summed
@@ -236,7 +226,7 @@ def output_kernel(
             b_ss += tl.sum(b_qf * b_qf, axis=1)
         b_rq = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         first = (i_v == 0) & (i_hv % (HV // H) == 0)
-        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=valid & first)
+        tl.store(rq + (t0 + rows) * H + i_h, b_rq, mask=tl.where(first, valid, False))
         b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
         b_o = b_o * b_rq[:, None]
         b_A = b_A * b_rq[:, None] * b_rk[None, :]
@@ -245,6 +235,8 @@ def output_kernel(
         b_G, b_G_last = load_gate_chunk(G, t0, n_valid, i_hv, HV, BT)
         b_o = b_o * tl.exp(b_G.to(tl.float32))[:, None]
         b_A = b_A * masked_exp(b_G[:, None] - b_G[None, :], causal)
+    if GIVEN_P:
+        b_A = rows_tile(P + (t0 * HV + i_hv) * BT, n_valid, HV * BT, BT, 0, BT, BT).to(tl.float32)
     b_A = tl.where(causal, b_A, 0.0)
     if STORE_P:
         # the backward reads P = scale (Q K^T) * Gamma instead of recomputing it
@@ -282,7 +274,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         prepare_wy_kernel[(n_chunks * HV,)](
             k, v, g, beta, L, w, u, G, rk, cu_seqlens, chunk_map, T,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, STORE_L=keep_for_backward,
-            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags,
+            num_warps=cfg.prepare_warps, num_stages=cfg.prepare_stages, **flags, **COMPILE_OPTIONS,
         )
 
     h = empty((state_slots(num_seqs, T, num_seqs, CHUNK, varlen), HV, K, V), dt, q.device)
@@ -292,7 +284,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         k, w, u, G, rk, initial_state, h, vn, final_state, cu_seqlens, T,
         H=H, HV=HV, K=K, V=V, BT=BT, BKS=cfg.BKS, NKS=cfg.BK_full // cfg.BKS, BV=cfg.state_BV,
         USE_H0=initial_state is not None, STORE_HT=output_final_state,
-        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags,
+        num_warps=cfg.state_warps, num_stages=cfg.state_stages, **flags, **COMPILE_OPTIONS,
     )
 
     o = empty((B, T, HV, V), v.dtype, q.device)
@@ -301,7 +293,7 @@ def chunk_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seq
         output_kernel[(n_chunks * HV * triton.cdiv(V, cfg.output_BV),)](
             q, k, vn, h, G, rk, rq, o, P, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=keep_for_backward,
-            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags,
+            num_warps=cfg.output_warps, num_stages=cfg.output_stages, **flags, **COMPILE_OPTIONS,
         )
     saved = dict(G=G, L=L, P=P, w=w, h=h, vn=vn, rq=rq, rk=rk) if keep_for_backward else None
     return o, final_state, saved

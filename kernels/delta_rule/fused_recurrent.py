@@ -1,7 +1,7 @@
 """Fused-recurrent delta rules: one pass over time, the state held in registers.
 
 Three ops share one forward kernel and one backward kernel; a ``tl.constexpr`` gate
-switch selects the decay (contract: OPS.md):
+switch selects the decay (contract: docs/ops.md):
 
 * ``fused_recurrent_delta_rule``:       ``S_t = (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
 * ``fused_recurrent_gated_delta_rule``: ``S_t = e^{g_t} (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T``
@@ -61,7 +61,7 @@ forward state, so the backward's rounding is that of the forward plus that of th
 adjoint recurrence, whatever β and g are: nothing is divided, nothing is amplified.
 
 Memory, per value head: checkpoints ``(T/C + 1) K V`` floats (held from forward to
-backward) and scratch ``C K V`` floats (backward only); C ~ sqrt(longest sequence), a
+backward) and scratch ``C K V`` floats (backward only); C ~ sqrt(mean sequence length), a
 power of two in 16..128, minimises their sum (at T = 4096: 2 x 64 states instead of 4096).
 Compute: one replayed forward step per backward step. Traffic: the scratch tile is
 written and read once per step (8 bytes per state element per token), which is what
@@ -78,20 +78,23 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import _arch, _validate
-from .._utils import cdiv, empty
+from .. import _library as library
+from .._arch import COMPILE_OPTIONS
+from .._utils import cdiv, contiguous, empty, shapes_only
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
 GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
 GATE_CHANNEL = 2  # one log decay per key channel (kda)
 
-L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (OPS.md)
+L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (docs/ops.md)
 MAX_HEAD_DIM = 256
 
 
@@ -107,10 +110,10 @@ def _load_token(q, k, v, g, beta, tok, valid, i_h, i_hv, o_k, o_v, m_k, m_v,
     Split from their use so that the loop can issue the next token's loads before it
     computes the current one: the memory latency then hides behind a step's arithmetic.
     """
-    m_k = m_k & valid
+    m_k = tl.where(valid, m_k, False)
     b_q = tl.load(q + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
     b_k = tl.load(k + (tok * H + i_h) * K + o_k, mask=m_k, other=0.0)
-    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=m_v & valid, other=0.0)
+    b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=tl.where(valid, m_v, False), other=0.0)
     b_beta = tl.load(beta + tok * HV + i_hv, mask=valid, other=0.0)
     if GATE == 1:
         b_g = tl.load(g + tok * HV + i_hv, mask=valid, other=0.0)
@@ -242,6 +245,72 @@ def fused_recurrent_delta_fwd_kernel(
 
 
 @triton.jit
+def _replay_chunk(q, k, v, g, beta, S, p_scratch, start, chunk_len, scale, i_h, i_hv, o_k, o_v, m_k, m_v,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr):
+    """Replay a chunk (tokens ``start ..``) forward from its checkpoint ``S`` with the
+    forward's arithmetic, storing every S_{t-1} in the program's scratch tiles."""
+    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, start, True, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                        H, HV, K, V, GATE)
+    for i in range(0, chunk_len):
+        b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, start + i + 1, i + 1 < chunk_len, i_h, i_hv,
+                                            o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+        tl.store(p_scratch + i * BK * BV, S)
+        b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
+        S, _ = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
+
+
+@triton.jit
+def _reverse_chunk(q, k, v, g, beta, do, dS, p_scratch, dq_part, dk_part, dv, dbeta_part, dg_part,
+                   start, chunk_len, scale, NTOK, i_v, i_h, i_hv, o_k, o_v, m_k, m_v,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, L2NORM: tl.constexpr):
+    """Walk a replayed chunk backwards from dS (the gradient of its last state): stores each
+    token's dv and partial dq, dk, dbeta, dg; returns dS of the state before the chunk.
+    Each iteration loads the previous token's inputs and state."""
+    whole_tile = tl.full([BK, BV], True, tl.int1)
+    tok = start + chunk_len - 1
+    nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok, True, i_h, i_hv, o_k, o_v, m_k, m_v,
+                                        H, HV, K, V, GATE)
+    ndo = tl.load(do + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
+    nS = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
+    for i_rev in range(0, chunk_len):
+        i = chunk_len - 1 - i_rev
+        tok = start + i
+        b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
+        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
+                                            o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
+        ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=tl.where(i > 0, m_v, False), other=0.0)
+        nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
+        b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
+        b_v = b_v.to(tl.float32)
+        b_do = b_do.to(tl.float32)
+        b_beta = b_beta.to(tl.float32)
+        Sp = _decay(S, b_d, GATE)  # S'_t = D_t S_{t-1}
+        b_r = b_v - tl.sum(Sp * b_k[:, None], 0)
+        b_u = b_beta * b_r
+        # dq~_t = S_t do_t with S_t = S' + k u^T
+        b_dq = tl.sum(Sp * b_do[None, :], 1) + b_k * tl.sum(b_u * b_do, 0)
+        dS += b_q[:, None] * b_do[None, :]
+        b_du = tl.sum(dS * b_k[:, None], 0)
+        b_dp = -b_beta * b_du
+        b_dk = tl.sum(dS * b_u[None, :] + Sp * b_dp[None, :], 1)
+        dS += b_k[:, None] * b_dp[None, :]  # dS'
+        p_part = (i_v * NTOK + tok) * HV + i_hv
+        tl.store(dq_part + p_part * K + o_k, b_dq * scale, mask=m_k)
+        tl.store(dk_part + p_part * K + o_k, b_dk, mask=m_k)
+        tl.store(dbeta_part + p_part, tl.sum(b_du * b_r, 0))
+        tl.store(dv + (tok * HV + i_hv) * V + o_v, (b_beta * b_du).to(dv.dtype.element_ty), mask=m_v)
+        if GATE == 1:
+            tl.store(dg_part + p_part, tl.sum(tl.sum(dS * Sp, 1), 0))
+        elif GATE == 2:
+            tl.store(dg_part + p_part * K + o_k, tl.sum(dS * Sp, 1), mask=m_k)
+        dS = _decay(dS, b_d, GATE)  # dS_{t-1} = D_t dS'
+    return dS
+
+
+@triton.jit
 def fused_recurrent_delta_bwd_kernel(
     q, k, v, g, beta, do, dht, ckpt, scratch, cu_seqlens,
     dq_part, dk_part, dv, dbeta_part, dg_part, dh0,
@@ -289,56 +358,12 @@ def fused_recurrent_delta_bwd_kernel(
         chunk_len = tl.minimum(seq_len - t0, C)
         slot = first_slot + c
         S = tl.load(ckpt + (slot * HV + i_hv) * K * V + o_kv, mask=m_kv, other=0.0)
-        # replay the chunk forward with the forward's arithmetic, keeping every S_{t-1}
-        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, bos + t0, True, i_h, i_hv, o_k, o_v, m_k, m_v,
-                                            H, HV, K, V, GATE)
-        for i in range(0, chunk_len):
-            tok = bos + t0 + i
-            b_q, b_k, b_v, b_beta, b_g = nq, nk, nv, nbeta, ng
-            nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok + 1, i + 1 < chunk_len, i_h, i_hv,
-                                                o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            tl.store(p_scratch + i * BK * BV, S)
-            b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
-            S, _ = _step(S, b_k, b_d, b_kd, b_qd, b_kq, b_v.to(tl.float32), b_beta.to(tl.float32), GATE)
+        _replay_chunk(q, k, v, g, beta, S, p_scratch, bos + t0, chunk_len, scale, i_h, i_hv, o_k, o_v, m_k, m_v,
+                      H, HV, K, V, BK, BV, GATE, L2NORM)
         tl.debug_barrier()
-        # walk the chunk backwards; each iteration loads the previous token's inputs and state
-        tok = bos + t0 + chunk_len - 1
-        nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok, True, i_h, i_hv, o_k, o_v, m_k, m_v,
-                                            H, HV, K, V, GATE)
-        ndo = tl.load(do + (tok * HV + i_hv) * V + o_v, mask=m_v, other=0.0)
-        nS = tl.load(p_scratch + (chunk_len - 1) * BK * BV)
-        for i_rev in range(0, chunk_len):
-            i = chunk_len - 1 - i_rev
-            tok = bos + t0 + i
-            b_q, b_k, b_v, b_beta, b_g, b_do, S = nq, nk, nv, nbeta, ng, ndo, nS  # S = S_{t-1}
-            nq, nk, nv, nbeta, ng = _load_token(q, k, v, g, beta, tok - 1, i > 0, i_h, i_hv,
-                                                o_k, o_v, m_k, m_v, H, HV, K, V, GATE)
-            ndo = tl.load(do + ((tok - 1) * HV + i_hv) * V + o_v, mask=m_v & (i > 0), other=0.0)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=i > 0, other=0.0)
-            b_k, b_q, b_d, b_kd, b_qd, b_kq = _prepare(b_q, b_k, b_g, scale, L2NORM, GATE)
-            b_v = b_v.to(tl.float32)
-            b_do = b_do.to(tl.float32)
-            b_beta = b_beta.to(tl.float32)
-            Sp = _decay(S, b_d, GATE)  # S'_t = D_t S_{t-1}
-            b_r = b_v - tl.sum(Sp * b_k[:, None], 0)
-            b_u = b_beta * b_r
-            # dq~_t = S_t do_t with S_t = S' + k u^T
-            b_dq = tl.sum(Sp * b_do[None, :], 1) + b_k * tl.sum(b_u * b_do, 0)
-            dS += b_q[:, None] * b_do[None, :]
-            b_du = tl.sum(dS * b_k[:, None], 0)
-            b_dp = -b_beta * b_du
-            b_dk = tl.sum(dS * b_u[None, :] + Sp * b_dp[None, :], 1)
-            dS += b_k[:, None] * b_dp[None, :]  # dS'
-            p_part = (i_v * NTOK + tok) * HV + i_hv
-            tl.store(dq_part + p_part * K + o_k, b_dq * scale, mask=m_k)
-            tl.store(dk_part + p_part * K + o_k, b_dk, mask=m_k)
-            tl.store(dbeta_part + p_part, tl.sum(b_du * b_r, 0))
-            tl.store(dv + (tok * HV + i_hv) * V + o_v, (b_beta * b_du).to(dv.dtype.element_ty), mask=m_v)
-            if GATE == 1:
-                tl.store(dg_part + p_part, tl.sum(tl.sum(dS * Sp, 1), 0))
-            elif GATE == 2:
-                tl.store(dg_part + p_part * K + o_k, tl.sum(dS * Sp, 1), mask=m_k)
-            dS = _decay(dS, b_d, GATE)  # dS_{t-1} = D_t dS'
+        dS = _reverse_chunk(q, k, v, g, beta, do, dS, p_scratch, dq_part, dk_part, dv, dbeta_part, dg_part,
+                            bos + t0, chunk_len, scale, NTOK, i_v, i_h, i_hv, o_k, o_v, m_k, m_v,
+                            H, HV, K, V, BK, BV, GATE, L2NORM)
         tl.debug_barrier()  # the next chunk overwrites the scratch tiles read above
 
     if STORE_DH0:
@@ -460,22 +485,36 @@ def _backward_config(K: int, V: int) -> tuple[int, int, int]:
     return BK, BV, 8 if BK > 128 else max(1, min(4, BK * BV // 512))
 
 
-def _checkpoint_interval(max_len: int) -> int:
-    """C ~ sqrt(T), a power of two in 16..128: checkpoints T/C and scratch C balance."""
-    c = triton.next_power_of_2(max(int(math.isqrt(max(max_len, 1))), 1))
-    return min(max(c, 16), 128)
+def _checkpoint_interval(tokens: int, sequences: int) -> int:
+    """C ~ sqrt(mean sequence length), a power of two in 16..128.
+
+    Checkpoints take ``tokens / C + sequences`` states and scratch ``C`` states per
+    program (one per sequence and value tile), so their sum is smallest at C = sqrt of
+    the mean length. Written as comparisons on the sizes rather than a square root, so
+    that under ``torch.compile(dynamic=True)`` two lengths in one bucket share a graph.
+    """
+    mean = tokens // max(sequences, 1)
+    for c, below in ((16, 17 * 17), (32, 33 * 33), (64, 65 * 65)):  # isqrt(mean) <= c
+        if mean < below:
+            return c
+    return 128
 
 
 # --------------------------------------------------------------------------- launches
 
 
-def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, max_len,
-             gate, l2norm, save_checkpoints):
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor], beta: torch.Tensor,
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, l2norm: bool,
+             *, gate, keep, offsets):
+    """The forward launch; returns ``((o, final state or None), (checkpoints or None,))``."""
+    q, k, v, g, beta, initial_state = contiguous(q, k, v, g, beta, initial_state)
+    save_checkpoints = keep
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = _forward_config(K, V, max_len, N * HV)
-    C = _checkpoint_interval(max_len)
+    BK, BV, num_warps = _forward_config(K, V, _longest_sequence(offsets, T), N * HV)
+    C = _checkpoint_interval(B * T, N)
     o = empty((B, T, HV, V), v.dtype, q.device)
     ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
@@ -490,15 +529,20 @@ def _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state,
             SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
-    return o, ht, ckpt, C
+    return (o, ht), (ckpt,)
 
 
-def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqlens, gate, l2norm):
+def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, l2norm, *, gate):
+    """The backward launches: gradients of the tensor arguments."""
+    (ckpt,) = saved
+    q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    C = _checkpoint_interval(B * T, N)
     NTOK = B * T
     BK, BV, num_warps = _backward_config(K, V)
     NV = cdiv(V, BV)
@@ -522,7 +566,7 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
 
     dq = empty(q.shape, q.dtype, device)
@@ -535,29 +579,16 @@ def _backward(q, k, v, g, beta, do, dht, ckpt, C, scale, initial_state, cu_seqle
         fused_recurrent_delta_reduce_kernel[(n_blocks,)](
             q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
-            num_warps=4,
+            num_warps=4, **COMPILE_OPTIONS,
         )
-    return dq, dk, dv, dg, dbeta, dh0
+    return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
 
 
-class _FusedRecurrentDelta(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, max_len, scale, output_final_state, gate,
-                l2norm):
-        save_checkpoints = any(ctx.needs_input_grad[:6])
-        o, ht, ckpt, C = _forward(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                  cu_seqlens, max_len, gate, l2norm, save_checkpoints)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, ckpt)
-        ctx.C, ctx.scale, ctx.gate, ctx.l2norm = C, scale, gate, l2norm
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, beta, initial_state, cu_seqlens, ckpt = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta, dh0 = _backward(
-            q, k, v, g, beta, do.contiguous(), None if dht is None else dht.contiguous(),
-            ckpt, ctx.C, ctx.scale, initial_state, cu_seqlens, ctx.gate, ctx.l2norm)
-        return dq, dk, dv, dg, dbeta, dh0, None, None, None, None, None, None
+OPS = {
+    name: library.register(name, _forward, _backward, gate=gate)
+    for name, gate in (("fused_recurrent_delta_rule", GATE_NONE), ("fused_recurrent_gated_delta_rule", GATE_HEAD),
+                       ("fused_recurrent_kda", GATE_CHANNEL))
+}
 
 
 # --------------------------------------------------------------------------- validation
@@ -615,12 +646,13 @@ _longest: dict[int, tuple[weakref.ref, int]] = {}
 
 
 def _longest_sequence(offsets_host, T: int) -> int:
-    """The longest sequence's length, from the validated host offsets (no device sync).
+    """The longest sequence's length, from the validated host offsets (no device sync);
+    T for fake offsets (shapes only, under torch.compile: it picks launch configs only).
 
     Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
     same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
     """
-    if offsets_host is None:
+    if offsets_host is None or shapes_only():
         return T
     hit = _longest.get(id(offsets_host))
     if hit is not None and hit[0]() is offsets_host:
@@ -636,20 +668,9 @@ def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seql
          use_qk_l2norm_in_kernel, gate):
     offsets = _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                                use_qk_l2norm_in_kernel, gate)
-    max_len = _longest_sequence(offsets, q.shape[1])
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    q, k, v, beta = q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous()
-    g = g.contiguous() if g is not None else None
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    output_final_state = bool(output_final_state)
-    tensors = (q, k, v, g, beta, initial_state)
-    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)):
-        # inference: no autograd node, no checkpoints
-        o, ht, _, _ = _forward(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                               max_len, gate, use_qk_l2norm_in_kernel, save_checkpoints=False)
-        return o, ht
-    return _FusedRecurrentDelta.apply(q, k, v, g, beta, initial_state, cu_seqlens, max_len, scale,
-                                      output_final_state, gate, use_qk_l2norm_in_kernel)
+    return OPS[op](q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, scale, bool(output_final_state),
+                   use_qk_l2norm_in_kernel, offsets=offsets)
 
 
 # --------------------------------------------------------------------------- public ops

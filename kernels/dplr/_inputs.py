@@ -1,4 +1,4 @@
-"""Argument checks shared by the four DPLR entry points (OPS.md, "Invalid input").
+"""Argument checks shared by the four DPLR entry points (docs/ops.md, "Invalid input").
 
 ``dplr_delta_rule(q, k, v, a, b, gk)`` and ``rwkv7(r, w, k, v, a, b)`` are one recurrence
 under two sets of names; every message names the argument as the caller spelled it.
@@ -62,11 +62,7 @@ def check_dplr_inputs(op: str, names: dict, q, k, v, a, b, gk, scale, initial_st
     val.check_range(op, "value head dim V (v.shape[-1])", V, 1, MAX_HEAD_DIM)
 
     offsets = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets is None else offsets.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     val.check_initial_state(op, initial_state, (N, H, K, V))
     return DplrInputs(B, T, H, K, V, N, float(K ** -0.5 if scale is None else scale), offsets)
 
-
-def needs_grad(*tensors) -> bool:
-    """Whether autograd will ask for a backward (what the forward keeps depends on it)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)

@@ -1,6 +1,6 @@
 r"""Fused-recurrent DPLR delta rule and RWKV-7: one pass over time, the state in registers.
 
-Recurrence (per head; OPS.md), state ``S`` [K, V]::
+Recurrence (per head; docs/ops.md), state ``S`` [K, V]::
 
     S_t = (diag(e^{gk_t}) + b_t a_t^T) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
 
@@ -39,30 +39,34 @@ second kernel: no atomics, two runs are bitwise equal.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
+from .. import _library as library
+from .._arch import COMPILE_OPTIONS
 from .._sequence import first_state_slot, sequence_bounds, state_slots
-from .._utils import cdiv, empty
+from .._utils import cdiv, contiguous, empty
 from ..delta_rule.fused_recurrent import (
     _backward_config, _checkpoint_interval, _forward_config, _longest_sequence,
 )
-from ._inputs import check_dplr_inputs, needs_grad
+from ._inputs import check_dplr_inputs
 
 
 @triton.jit
 def _load_token(q, k, v, a, b, gk, tok, valid, i_h, o_k, o_v, m_k, m_v,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
     """Token tok's q, k, a, b, gk rows and v columns in fp32 (zero where not ``valid``)."""
-    m = m_k & valid
+    m = tl.where(valid, m_k, False)
     row = (tok * H + i_h) * K + o_k
     b_q = tl.load(q + row, mask=m, other=0.0).to(tl.float32)
     b_k = tl.load(k + row, mask=m, other=0.0).to(tl.float32)
     b_a = tl.load(a + row, mask=m, other=0.0).to(tl.float32)
     b_b = tl.load(b + row, mask=m, other=0.0).to(tl.float32)
     b_g = tl.load(gk + row, mask=m, other=0.0).to(tl.float32)
-    b_v = tl.load(v + (tok * H + i_h) * V + o_v, mask=m_v & valid, other=0.0).to(tl.float32)
+    b_v = tl.load(v + (tok * H + i_h) * V + o_v, mask=tl.where(valid, m_v, False), other=0.0).to(tl.float32)
     return b_q, b_k, b_a, b_b, b_g, b_v
 
 
@@ -152,6 +156,7 @@ def dplr_fused_bwd_kernel(
     o_kv = o_k[:, None] * V + o_v[None, :]
     # this program's scratch: C tiles [BK, BV], written and read back by this program only
     p_scratch = scratch + pid * C * BK * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    whole_tile = tl.full([BK, BV], True, tl.int1)
 
     dS = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
@@ -182,8 +187,9 @@ def dplr_fused_bwd_kernel(
             tok = bos + t0 + i
             b_q, b_k, b_a, b_b, b_g, b_v, b_do, S = nq, nk, na, nb, ng, nv, ndo, nS  # S = S_{t-1}
             nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, tok - 1, i > 0, i_h, o_k, o_v, m_k, m_v, H, K, V)
-            ndo = tl.load(do + ((tok - 1) * H + i_h) * V + o_v, mask=m_v & (i > 0), other=0.0).to(tl.float32)
-            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=(o_k >= 0)[:, None] & (i > 0), other=0.0)
+            ndo = tl.load(do + ((tok - 1) * H + i_h) * V + o_v, mask=tl.where(i > 0, m_v, False),
+                          other=0.0).to(tl.float32)
+            nS = tl.load(p_scratch + (i - 1) * BK * BV, mask=tl.where(i > 0, whole_tile, False), other=0.0)
             b_q = b_q * scale
             b_d = tl.exp(b_g)
             b_p = tl.sum(S * b_a[:, None], 0)
@@ -237,11 +243,17 @@ def dplr_fused_reduce_kernel(
     _part_sum(dg_part, dg, rows, c, mask, total, NV, BR, BK)
 
 
-def _forward(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens, N, max_len, save_checkpoints):
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             gk: torch.Tensor, initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, *, keep, offsets):
+    """The forward launch; returns ``((o, final state or None), (checkpoints or None,))``."""
+    q, k, v, a, b, gk, initial_state = contiguous(q, k, v, a, b, gk, initial_state)
+    save_checkpoints = keep
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV, num_warps = _forward_config(K, V, max_len, N * H)
-    C = _checkpoint_interval(max_len)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    BK, BV, num_warps = _forward_config(K, V, _longest_sequence(offsets, T), N * H)
+    C = _checkpoint_interval(B * T, N)
     o = empty(v.shape, v.dtype, q.device)
     ht = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
@@ -253,14 +265,19 @@ def _forward(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seq
             q, k, v, a, b, gk, o, initial_state, ht, ckpt, cu_seqlens, scale, T,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1,
+            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
-    return o, ht, ckpt, C
+    return (o, ht), (ckpt,)
 
 
-def _backward(q, k, v, a, b, gk, do, dht, ckpt, C, scale, initial_state, cu_seqlens, N):
+def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state):
+    (ckpt,) = saved
+    q, k, v, a, b, gk, initial_state, do, dht = contiguous(q, k, v, a, b, gk, initial_state, *grads)
     B, T, H, K = q.shape
     V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    C = _checkpoint_interval(B * T, N)
     NTOK = B * T
     BK, BV, num_warps = _backward_config(K, V)
     NV = cdiv(V, BV)
@@ -274,48 +291,29 @@ def _backward(q, k, v, a, b, gk, do, dht, ckpt, C, scale, initial_state, cu_seql
         dplr_fused_bwd_kernel[(n_programs,)](
             q, k, v, a, b, gk, do, dht, ckpt, scratch, cu_seqlens, *parts, dv, dh0, scale, T, NTOK,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
-            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1,
+            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
     grads = [empty(t.shape, t.dtype, device) for t in (q, k, a, b, gk)]
     n_rows = NTOK * H
     BR = max(2048 // BK, 1)
     if n_rows > 0:
-        dplr_fused_reduce_kernel[(cdiv(n_rows, BR),)](*parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4)
+        dplr_fused_reduce_kernel[(cdiv(n_rows, BR),)](
+            *parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4, **COMPILE_OPTIONS
+        )
     dq, dk, da, db, dg = grads
-    return dq, dk, dv, da, db, dg, dh0
+    return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)
 
 
-class _FusedRecurrentDplr(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, a, b, gk, initial_state, scale, output_final_state, cu_seqlens, N, max_len):
-        o, ht, ckpt, C = _forward(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens, N,
-                                  max_len, save_checkpoints=True)
-        ctx.save_for_backward(q, k, v, a, b, gk, initial_state, cu_seqlens, ckpt)
-        ctx.C, ctx.scale, ctx.N = C, scale, N
-        return o, ht
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, a, b, gk, initial_state, cu_seqlens, ckpt = ctx.saved_tensors
-        dq, dk, dv, da, db, dg, dh0 = _backward(
-            q, k, v, a, b, gk, do.contiguous(), None if dht is None else dht.contiguous(), ckpt, ctx.C,
-            ctx.scale, initial_state, cu_seqlens, ctx.N)
-        return dq, dk, dv, da, db, dg, dh0, None, None, None, None, None
+OPS = {name: library.register(name, _forward, _backward)
+       for name in ("fused_recurrent_dplr_delta_rule", "fused_recurrent_rwkv7")}
 
 
 def _run(op, names, q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_seqlens,
          cu_seqlens_cpu):
     p = check_dplr_inputs(op, names, q, k, v, a, b, gk, scale, initial_state, output_final_state,
                           cu_seqlens, cu_seqlens_cpu)
-    max_len = _longest_sequence(p.offsets_host, p.T)
-    q, k, v, a, b, gk = (t.contiguous() for t in (q, k, v, a, b, gk))
-    initial_state = initial_state.contiguous() if initial_state is not None else None
-    if not needs_grad(q, k, v, a, b, gk, initial_state):
-        o, ht, _, _ = _forward(q, k, v, a, b, gk, p.scale, initial_state, output_final_state, cu_seqlens, p.N,
-                               max_len, save_checkpoints=False)
-        return o, ht
-    return _FusedRecurrentDplr.apply(q, k, v, a, b, gk, initial_state, p.scale, output_final_state, cu_seqlens,
-                                     p.N, max_len)
+    return OPS[op](q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seqlens_cpu, p.scale, output_final_state,
+                   offsets=p.offsets_host)
 
 
 def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale=None, initial_state=None, output_final_state=False,

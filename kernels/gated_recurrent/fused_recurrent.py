@@ -1,12 +1,14 @@
 """Fused-recurrent kernels for the gated linear recurrences, forward and backward.
 
-One kernel pair serves linear_attn, simple_gla, retention and gla (OPS.md):
+One kernel pair serves linear_attn, simple_gla, retention, gla and rwkv6 (docs/ops.md):
 
     S_t = diag(e^{a_t}) S_{t-1} + k_t v_t^T,     o_t = S_t^T (scale q_t)
 
 with the gate ``a_t`` chosen by constexpr switches: none; a scalar log gate g ``[B, T, H]``;
 a constant one g_gamma ``[H]`` (added to g when both are given); a per-channel one gk
-``[B, T, H, K]``. The state tile ``[K, BV]`` lives in registers for one pass over T; its
+``[B, T, H, K]``. With BONUS (rwkv6: q = r, gk = w, a bonus ``u [H, K]``) the output reads
+the state *before* the token's update, plus the bonus on the current token:
+``o_t = scale (S_{t-1}^T r_t + (r_t . (u k_t)) v_t)``. The state tile ``[K, BV]`` lives in registers for one pass over T; its
 columns evolve independently, so V is split into blocks of BV across programs (the whole
 K is one block, K <= 256).
 
@@ -44,19 +46,35 @@ so that their differences keep full precision under strong decay.
 dq, dk and dg get one partial sum per V block (each block sees part of the state); a
 reduction kernel adds them up and casts them.
 
+RWKV-6 (BONUS). Write ``D_t`` for the gradient of the state after step t (what ``dS_t``
+is above). Its output reads ``S_{t-1}``, so ``D_{t-1} = diag(e^{a_t}) D_t + scale r_t do_t^T``:
+pass 2 takes ``dk_t = D_t v_t``, ``dv_t = D_t^T k_t`` (plus the bonus terms
+``scale (do_t . v_t) u r_t`` and ``scale (r_t . u k_t) do_t``) *before* decaying ``D`` and
+adding the token's own ``r do^T``; pass 1 reads ``S_{t-1}`` for ``dr_t``. The gate gradient
+keeps its form with ``D_t`` for ``dS_t``, and ``Y`` steps back with the query one step
+later: ``Y_t[:, s] = Y_{t+1}[:, s] + scale r_{t+1} (do_{t+1} . v_s) e^{B^c_t - B^c_s}``.
+``du = scale sum_t (do_t . v_t) r_t k_t`` over every token: each program adds its tokens'
+share (its V block of ``do_t . v_t``) into one row of ``[N * NV, H * K]`` partial sums,
+added up in a fixed order (``kernels._partials.column_sum``).
+
 Launches: forward 1; backward 3 (the first pass is the forward kernel in its dq mode,
-then the second pass, then the reduction). Grid axis 0 carries ``N * H * NV``; nothing
+then the second pass, then the reduction), plus rwkv6's du sum. Grid axis 0 carries ``N * H * NV``; nothing
 large goes on axes 1 and 2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats,
 allocated only when a gate gradient is wanted.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
-from .._utils import block_size, cdiv, empty
+from .. import _library as library
+from .._arch import COMPILE_OPTIONS
+from .._partials import column_sum
+from .._utils import block_size, cdiv, contiguous, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
 
@@ -82,9 +100,9 @@ def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constex
 
 @triton.jit
 def fused_recurrent_fwd_kernel(
-    q, k, v, g, g_gamma, gk, readout, h0, ht, checkpoints, cu_seqlens, scale, T, n_rows,
+    q, k, v, g, g_gamma, gk, u, readout, h0, ht, checkpoints, cu_seqlens, scale, T, n_rows,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
-    USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr,
+    USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, BONUS: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DQ_MODE: tl.constexpr, STORE_CHECKPOINTS: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
@@ -93,7 +111,8 @@ def fused_recurrent_fwd_kernel(
     Forward: ``readout`` is o and gets ``S_t^T (scale q_t)``. With DQ_MODE (the backward's
     first pass; ``q`` is then do): ``readout`` is the float32 partial dq
     (``[NV, B*T, H, K]``, ``n_rows = B*T``) and this V block's slab gets ``scale S_t do_t``;
-    with STORE_CHECKPOINTS it also keeps S before every segment of SEG steps.
+    with STORE_CHECKPOINTS it also keeps S before every segment of SEG steps. With BONUS
+    both read ``S_{t-1}`` and add the bonus term (module docstring).
 
     The step is written out in the loop rather than in a helper: under the interpreter a
     helper call per step costs milliseconds (the interpreter re-patches on every call).
@@ -110,6 +129,8 @@ def fused_recurrent_fwd_kernel(
     else:
         decay_hi, decay_lo = 1.0, 0.0
 
+    if BONUS:
+        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + tile, mask=m_kv, other=0.0)
@@ -124,7 +145,6 @@ def fused_recurrent_fwd_kernel(
     # o_1: the scalar gate as a [1] tile; every "load ahead" flag is a [1] tensor too (built
     # on o_1), never a scalar comparison: a mask must be a boolean tensor on every Triton
     o_1 = tl.arange(0, 1)
-    m_1 = o_1 < 1
     ahead = o_1 < T_seq
     nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
     nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
@@ -142,7 +162,7 @@ def fused_recurrent_fwd_kernel(
         nv = tl.load(v + nxt * V + o_v, mask=m_v & ahead, other=0.0)
         nq = tl.load(q + nxt * QW + q_cols, mask=m_q & ahead, other=0.0)
         if USE_G:
-            ng = tl.load(g + nxt + o_1, mask=m_1 & ahead, other=0.0)
+            ng = tl.load(g + nxt + o_1, mask=ahead, other=0.0)
         if USE_GK:
             ngk = tl.load(gk + nxt * K + o_k, mask=m_k & ahead, other=0.0)
         a = tl.zeros([BK], dtype=tl.float32)
@@ -152,12 +172,19 @@ def fused_recurrent_fwd_kernel(
             a += gamma
         if USE_GK:
             a += bgk.to(tl.float32)
-        S = _decayed(S, a, decay_hi, decay_lo, CONSTANT) + bk[:, None] * bv[None, :]
-        if DQ_MODE:
-            tl.store(readout + i_v * n_rows * H * K + row * K + o_k, tl.sum(S * bq[None, :], 1) * scale, mask=m_k)
+        S_next = _decayed(S, a, decay_hi, decay_lo, CONSTANT) + bk[:, None] * bv[None, :]
+        S_read = S if BONUS else S_next
+        if DQ_MODE:  # bq is do here
+            b_dq = tl.sum(S_read * bq[None, :], 1)
+            if BONUS:
+                b_dq += b_u * bk * tl.sum(bq * bv, 0)
+            tl.store(readout + i_v * n_rows * H * K + row * K + o_k, b_dq * scale, mask=m_k)
         else:
-            tl.store(readout + row * V + o_v, (tl.sum(S * bq[:, None], 0) * scale).to(readout.dtype.element_ty),
-                     mask=m_v)
+            b_o = tl.sum(S_read * bq[:, None], 0)
+            if BONUS:
+                b_o += tl.sum(bq * b_u * bk, 0) * bv
+            tl.store(readout + row * V + o_v, (b_o * scale).to(readout.dtype.element_ty), mask=m_v)
+        S = S_next
         row = nxt
     if STORE_HT:
         tl.store(ht + tile, S, mask=m_kv)
@@ -165,12 +192,11 @@ def fused_recurrent_fwd_kernel(
 
 @triton.jit
 def _first_gates(g, gk, row, ahead, o_k, m_k, K: tl.constexpr, USE_G: tl.constexpr, USE_GK: tl.constexpr):
-    """The gates of the first step a loop loads ahead: the scalar g as a [1] tile (its mask
-    then is a tensor), gk as a [BK] row; 0.0 for a gate not used."""
+    """The gates of the first step a loop loads ahead (``ahead``: a [1] flag): the scalar g
+    as a [1] tile (its mask then is a tensor), gk as a [BK] row; 0.0 for a gate not used."""
     ng = 0.0
     if USE_G:
-        o_1 = tl.arange(0, 1)
-        ng = tl.load(g + row + o_1, mask=ahead, other=0.0)
+        ng = tl.load(g + row + tl.arange(0, 1), mask=ahead, other=0.0)
     ngk = 0.0
     if USE_GK:
         ngk = tl.load(gk + row * K + o_k, mask=m_k & ahead, other=0.0)
@@ -217,17 +243,18 @@ def _segment_gates(g, g_gamma, gk, rows, m_s, i_h, o_k, m_k, K: tl.constexpr, US
 
 @triton.jit
 def fused_recurrent_bwd_kernel(
-    q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, n_rows,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
-    USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, GATE_GRAD: tl.constexpr,
-    GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
+    n_rows, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
+    USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, BONUS: tl.constexpr,
+    GATE_GRAD: tl.constexpr, GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """The backward's second pass (backward in time) for one (sequence, head, V block).
 
     ``dk_part`` is float32 ``[NV, B*T, H, K]`` (``n_rows = B*T``) and ``dg_part`` float32
     ``[NV, B*T, H(, K)]``: this block's share of dk and dg. ``checkpoints`` holds the
-    state before each segment (from the first pass), in ``state_slots`` rows.
+    state before each segment (from the first pass), in ``state_slots`` rows. With BONUS,
+    ``du_part`` is float32 ``[N * NV, H * K]``: this program's share of du.
     """
     GATED: tl.constexpr = USE_G or USE_G_GAMMA or USE_GK
     GATE_DTYPE: tl.constexpr = tl.float64 if GATE_F64 else tl.float32
@@ -238,8 +265,10 @@ def fused_recurrent_bwd_kernel(
     slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG, IS_VARLEN)
     if USE_G_GAMMA:
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
-    o_1 = tl.arange(0, 1)  # as in the forward: the scalar gate and the "load ahead" flags as [1] tiles
-    m_1 = o_1 < 1
+    if BONUS:
+        b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_du = tl.zeros([BK], dtype=tl.float32)
+    o_1 = tl.arange(0, 1)  # as in the forward: the "load ahead" flags and the step's validity as [1] tiles
 
     # pass 2: backward in time, one segment of SEG steps at a time
     dS = tl.zeros([BK, BV], dtype=tl.float32)
@@ -261,6 +290,10 @@ def fused_recurrent_bwd_kernel(
             B_end = tl.sum(tl.where(o_s[None, :] == SEG - 1, B_c, 0.0), 1)
             Y = tl.dot(dS, tl.trans(v_seg), input_precision=PRECISION)
             Y *= tl.exp((B_end[:, None] - B_c).to(tl.float32))
+        # rwkv6: the query and output gradient one step later (none after the segment's end,
+        # whose D is in the carried dS)
+        q_next = tl.zeros([BK], dtype=tl.float32)
+        do_next = tl.zeros([BV], dtype=tl.float32)
         # as in the forward, each step's inputs are loaded one step ahead (here: the step before)
         row = (bos + seg * SEG + SEG - 1) * H + i_h
         ahead = o_1 + seg * SEG + SEG - 1 < T_seq
@@ -283,22 +316,34 @@ def fused_recurrent_bwd_kernel(
             nv = tl.load(v + prev * V + o_v, mask=m_v & ahead, other=0.0)
             ndo = tl.load(do + prev * V + o_v, mask=m_v & ahead, other=0.0)
             if USE_G:
-                ng = tl.load(g + prev + o_1, mask=m_1 & ahead, other=0.0)
+                ng = tl.load(g + prev + o_1, mask=ahead, other=0.0)
             if USE_GK:
                 ngk = tl.load(gk + prev * K + o_k, mask=m_k & ahead, other=0.0)
-            dS += (bq * scale)[:, None] * bdo[None, :]
-            tl.store(dk_part + slab + row * K + o_k, tl.sum(dS * bv[None, :], 1), mask=m_kt)
-            tl.store(dv + row * V + o_v, tl.sum(dS * bk[:, None], 0).to(dv.dtype.element_ty), mask=m_vt)
+            if not BONUS:
+                dS += (bq * scale)[:, None] * bdo[None, :]
+            b_dk = tl.sum(dS * bv[None, :], 1)
+            b_dv = tl.sum(dS * bk[:, None], 0)
+            if BONUS:
+                do_v = tl.sum(bdo * bv, 0) * scale  # this V block's share of scale do_t . v_t
+                b_dk += do_v * b_u * bq
+                b_dv += tl.sum(bq * b_u * bk, 0) * scale * bdo
+                b_du += do_v * bq * bk
+            tl.store(dk_part + slab + row * K + o_k, b_dk, mask=m_kt)
+            tl.store(dv + row * V + o_v, b_dv.to(dv.dtype.element_ty), mask=m_vt)
             if GATE_GRAD:
                 before = o_s[None, :] < j
                 B_t = tl.sum(tl.where(o_s[None, :] == j, B_c, 0.0), 1)  # [BK] or [1]
                 decay = tl.exp(tl.where(before, (B_t[:, None] - B_c).to(tl.float32), float("-inf")))
-                Y += (bq * scale)[:, None] * tl.sum(v_seg * bdo[None, :], 1)[None, :] * decay
+                if BONUS:
+                    Y += (q_next * scale)[:, None] * tl.sum(v_seg * do_next[None, :], 1)[None, :] * decay
+                else:
+                    Y += (bq * scale)[:, None] * tl.sum(v_seg * bdo[None, :], 1)[None, :] * decay
                 dg_t = tl.exp(B_t.to(tl.float32)) * tl.sum(S_c * dS, 1) + tl.sum(tl.where(before, kT_seg * Y, 0.0), 1)
                 if USE_GK:
                     tl.store(dg_part + slab + row * K + o_k, dg_t, mask=m_kt)
                 else:
-                    tl.store(dg_part + i_v * n_rows * H + row + o_1, tl.zeros([1], tl.float32) + tl.sum(dg_t, 0), mask=valid)
+                    tl.store(dg_part + i_v * n_rows * H + row + o_1, tl.zeros([1], tl.float32) + tl.sum(dg_t, 0),
+                             mask=valid)
             if GATED:
                 a = tl.zeros([BK], dtype=tl.float32)
                 if USE_G:
@@ -308,6 +353,14 @@ def fused_recurrent_bwd_kernel(
                 if USE_GK:
                     a += bgk.to(tl.float32)
                 dS *= tl.exp(a)[:, None]
+            if BONUS:
+                dS += (bq * scale)[:, None] * bdo[None, :]
+                q_next = bq
+                do_next = bdo
+    if BONUS:
+        NV: tl.constexpr = (V + BV - 1) // BV
+        i_n = tl.program_id(0).to(tl.int64) // NV // H
+        tl.store(du_part + (i_n * NV + i_v) * H * K + i_h * K + o_k, b_du, mask=m_k)
     if STORE_DH0:
         tl.store(dh0 + tile, dS, mask=m_kv)
 
@@ -361,50 +414,64 @@ def _configs(K: int, V: int, backward: bool) -> dict:
     The backward's second pass takes ~235 registers a thread at 8 warps whatever BV (the
     [BK, SEG] tiles dominate; ptxas, sm90, K = 128): one program per SM, so the programs
     run in waves, each a whole pass over T. At K = 128 a 64-wide V block (242 registers
-    with a scalar gate, 255 and 12 bytes of spills per channel) halves the programs, hence the waves, against 32 (at B * H = 64 on 132 SMs:
-    one wave instead of two), for a longer step. K = 256 stays at 16 (64 spills there)."""
+    with a scalar gate, 255 and 12 bytes of spills per channel) halves the programs, hence
+    the waves, against 32 (at B * H = 64 on 132 SMs: one wave instead of two), for a
+    longer step. K = 256 stays at 16 (64 spills there)."""
     BK = block_size(K)
     budget = 8192 if (not backward or BK == 128) else 4096
     BV = max(16, min(block_size(V), budget // BK))
     return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= (2048 if backward else 8192) else 8)
 
 
-class FusedRecurrentFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens, N):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, backward=False)
-        NV = cdiv(V, cfg["BV"])
-        o = empty(v.shape, v.dtype, v.device)
-        final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
-        fused_recurrent_fwd_kernel[(N * H * NV,)](
-            q, k, v, g, g_gamma, gk, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
-            H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
-            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None,
-            USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
-            STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
-        )
-        ctx.save_for_backward(q, k, v, g, g_gamma, gk, initial_state, cu_seqlens)
-        ctx.scale, ctx.N = scale, N
-        return o, final_state
-
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, g_gamma, gk, initial_state, cu_seqlens = ctx.saved_tensors
-        gate_index = 5 if gk is not None else 3
-        need_dgate = (gk is not None or g is not None) and ctx.needs_input_grad[gate_index]
-        need_dh0 = initial_state is not None and ctx.needs_input_grad[7]
-        dq, dk, dv, dgate, dh0 = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
-                                                    ctx.scale, ctx.N, need_dgate, need_dh0)
-        dg = dgate if gk is None else None
-        dgk = dgate if gk is not None else None
-        return dq, dk, dv, dg, None, dgk, None, dh0, None, None, None
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+             g_gamma: Optional[torch.Tensor], gk: Optional[torch.Tensor], u: Optional[torch.Tensor],
+             initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+             cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool):
+    """The forward launch; returns ``((o, final state or None), ())``: the backward
+    replays the recurrence from the inputs. ``u``: rwkv6's bonus (module docstring)."""
+    q, k, v, g, g_gamma, gk, u, initial_state = contiguous(q, k, v, g, g_gamma, gk, u, initial_state)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = _configs(K, V, backward=False)
+    NV = cdiv(V, cfg["BV"])
+    o = empty(v.shape, v.dtype, v.device)
+    final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
+    fused_recurrent_fwd_kernel[(N * H * NV,)](
+        q, k, v, g, g_gamma, gk, u, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
+        USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None,
+        USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
+        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+    )
+    return (o, final_state), ()
 
 
-def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens, scale, N, need_dgate, need_dh0):
-    """dq, dk, dv, d(gate) and d(initial_state) of the recurrence, by the fused backward
-    (module docstring); the gate is gk if given, else g (+ g_gamma, which gets no gradient)."""
+def _backward(grads, saved, q, k, v, g, g_gamma, gk, u, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, *, needs_grad):
+    do, dht = grads
+    q, k, v, g, g_gamma, gk, u, initial_state = contiguous(q, k, v, g, g_gamma, gk, u, initial_state)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(v)
+    N = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    gate = "gk" if gk is not None else "g"
+    need_dgate = (gk is not None or g is not None) and needs_grad[gate]
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    dq, dk, dv, dgate, dh0, du = recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens,
+                                                    scale, N, need_dgate, need_dh0, u)
+    return {"q": dq, "k": dk, "v": dv, gate: dgate, "u": du, "initial_state": dh0}
+
+
+OPS = {name: library.register(name, _forward, _backward) for name in (
+    "fused_recurrent_simple_gla", "fused_recurrent_retention", "fused_recurrent_linear_attn", "fused_recurrent_gla",
+    "fused_recurrent_rwkv6")}
+
+
+def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqlens, scale, N, need_dgate, need_dh0,
+                       u=None):
+    """dq, dk, dv, d(gate), d(initial_state) and du (None without the bonus u) of the
+    recurrence, by the fused backward (module docstring); the gate is gk if given, else g
+    (+ g_gamma, which gets no gradient)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     cfg = _configs(K, V, backward=True)
@@ -420,18 +487,20 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
     dv = empty(v.shape, v.dtype, v.device)
     dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
-    gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None)
+    du_part = empty((N * NV, H * K), torch.float32, q.device) if u is not None else None
+    gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None)
     fused_recurrent_fwd_kernel[(N * H * NV,)](
-        do, k, v, g, g_gamma, gk, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
+        do, k, v, g, g_gamma, gk, u, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
-        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"],
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NV,)](
-        q, k, v, g, g_gamma, gk, do, dk_part, dg_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T, B * T,
+        q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
+        B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"],
+        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
 
     dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
@@ -441,27 +510,28 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     if n_rows > 0:
         fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
             dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
-            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4,
+            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4, **COMPILE_OPTIONS,
         )
-    return dq, dk, dv, dgate, dh0
+    du = column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
+    return dq, dk, dv, dgate, dh0, du
 
 
-def _fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens,
-                     cu_seqlens_cpu, gk_name="gk"):
-    shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, scale=scale, initial_state=initial_state,
-                                cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, gk_name=gk_name)
-    q, k, v, g, g_gamma, gk, initial_state = (
-        None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, gk, initial_state)
-    )
-    return FusedRecurrentFunction.apply(q, k, v, g, g_gamma, gk, shapes.scale, initial_state,
-                                        bool(output_final_state), cu_seqlens, shapes.N)
+def fused_recurrent(op, q, k, v, g, g_gamma, gk, scale, initial_state, output_final_state, cu_seqlens,
+                    cu_seqlens_cpu, gk_name="gk", u=None, q_name="q"):
+    """Validate, then run the fused recurrence (``u``: rwkv6's bonus; ``q_name``: what the
+    op calls q, for its error messages)."""
+    shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, gk=gk, u=u, scale=scale,
+                                initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                gk_name=gk_name, q_name=q_name)
+    return OPS[op](q, k, v, g, g_gamma, gk, u, initial_state, cu_seqlens, cu_seqlens_cpu, shapes.scale,
+                   bool(output_final_state), offsets=shapes.offsets_host)
 
 
 def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None,
                                output_final_state=False, cu_seqlens=None, cu_seqlens_cpu=None):
     """simple_gla, one pass over T: ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``; g ``[B, T, H]``
     and/or g_gamma ``[H]`` (constant, no gradient), gate ``g + g_gamma``."""
-    return _fused_recurrent("fused_recurrent_simple_gla", q, k, v, g, g_gamma, None, scale, initial_state,
+    return fused_recurrent("fused_recurrent_simple_gla", q, k, v, g, g_gamma, None, scale, initial_state,
                             output_final_state, cu_seqlens, cu_seqlens_cpu)
 
 
@@ -469,14 +539,14 @@ def fused_recurrent_retention(q, k, v, scale=None, initial_state=None, output_fi
                               cu_seqlens=None, cu_seqlens_cpu=None):
     """Retention, one pass over T: simple_gla with ``g_gamma[h] = log(1 - 2^(-5-h))``."""
     gamma = retention_gamma(q.shape[2], q.device) if isinstance(q, torch.Tensor) and q.dim() == 4 else None
-    return _fused_recurrent("fused_recurrent_retention", q, k, v, None, gamma, None, scale, initial_state,
+    return fused_recurrent("fused_recurrent_retention", q, k, v, None, gamma, None, scale, initial_state,
                             output_final_state, cu_seqlens, cu_seqlens_cpu)
 
 
 def fused_recurrent_linear_attn(q, k, v, scale=None, initial_state=None, output_final_state=False,
                                 cu_seqlens=None, cu_seqlens_cpu=None):
     """Linear attention, one pass over T: ``S_t = S_{t-1} + k_t v_t^T``."""
-    return _fused_recurrent("fused_recurrent_linear_attn", q, k, v, None, None, None, scale, initial_state,
+    return fused_recurrent("fused_recurrent_linear_attn", q, k, v, None, None, None, scale, initial_state,
                             output_final_state, cu_seqlens, cu_seqlens_cpu)
 
 
@@ -485,5 +555,5 @@ def fused_recurrent_gla(q, k, v, g, scale=None, initial_state=None, output_final
     """GLA, one pass over T: ``S_t = diag(e^{g_t}) S_{t-1} + k_t v_t^T``, g ``[B, T, H, K]``."""
     if g is None:
         raise TypeError("fused_recurrent_gla: `g` must be a torch.Tensor [B, T, H, K], got None")
-    return _fused_recurrent("fused_recurrent_gla", q, k, v, None, None, g, scale, initial_state,
+    return fused_recurrent("fused_recurrent_gla", q, k, v, None, None, g, scale, initial_state,
                             output_final_state, cu_seqlens, cu_seqlens_cpu, gk_name="g")

@@ -1,6 +1,6 @@
 """Argument checks shared by the gated linear recurrences (linear_attn, simple_gla,
-retention, gla): one place that knows their shapes, so every entry point raises the
-same clear errors before any launch (OPS.md, "Invalid input")."""
+retention, gla, rwkv6): one place that knows their shapes, so every entry point raises the
+same clear errors before any launch (docs/ops.md, "Invalid input")."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import _validate as val
+from .._utils import device_cache
 
 # Head dims the kernels support: the state tile [K, BV] and the chunk tiles [BT, K] must
 # fit one program (registers and shared memory) on every target arch.
@@ -40,32 +41,35 @@ def check_gated_inputs(
     g=None,
     g_gamma=None,
     gk=None,
+    u=None,
     scale=None,
     initial_state=None,
     cu_seqlens=None,
     cu_seqlens_cpu=None,
     gk_name: str = "gk",
+    q_name: str = "q",
 ) -> GatedInputs:
-    """Validate the arguments of a gated linear recurrence; see OPS.md for the layouts.
+    """Validate the arguments of a gated linear recurrence; see docs/ops.md for the layouts.
 
     ``g`` is a scalar log gate ``[B, T, H]``, ``g_gamma`` a constant log gate ``[H]``,
-    ``gk`` a per-channel log gate ``[B, T, H, K]``; each may be absent. Gates may have a
-    floating dtype other than q's (a float32 gate with bf16 activations is common).
+    ``gk`` a per-channel log gate ``[B, T, H, K]``, ``u`` rwkv6's bonus ``[H, K]``; each
+    may be absent. Gates and the bonus may have a floating dtype other than q's (float32
+    with bf16 activations is common). ``q_name`` is what the op calls q (rwkv6: ``r``).
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in ((q_name, q), ("k", k), ("v", v)):
         val.check_tensor(op, name, t)
-    val.check_same_dtype(op, q=q, k=k, v=v)
-    for name, t in (("g", g), ("g_gamma", g_gamma), (gk_name, gk)):
+    val.check_same_dtype(op, **{q_name: q, "k": k, "v": v})
+    for name, t in (("g", g), ("g_gamma", g_gamma), (gk_name, gk), ("u", u)):
         if t is not None:
             val.check_tensor(op, name, t)
     if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
         raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
     # later pairs win: for gla the per-channel gate takes the name `g` of the (absent) scalar one
-    tensors = dict([("q", q), ("k", k), ("v", v), ("g", g), ("g_gamma", g_gamma), (gk_name, gk),
+    tensors = dict([(q_name, q), ("k", k), ("v", v), ("g", g), ("g_gamma", g_gamma), (gk_name, gk), ("u", u),
                     ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)])
     device = val.check_devices(op, **tensors)
 
-    val.check_ndim(op, "q", q, 4, "[B, T, H, K]")
+    val.check_ndim(op, q_name, q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
     val.check_shape(op, "k", k, (B, T, H, K), "[B, T, H, K]")
     val.check_ndim(op, "v", v, 4, "[B, T, H, V]")
@@ -77,16 +81,18 @@ def check_gated_inputs(
         val.check_shape(op, "g_gamma", g_gamma, (H,), "[H]")
     if gk is not None:
         val.check_shape(op, gk_name, gk, (B, T, H, K), "[B, T, H, K]")
+    if u is not None:
+        val.check_shape(op, "u", u, (H, K), "[H, K]")
     val.check_range(op, "key head dim K (q.shape[-1])", K, MIN_HEAD_DIM, MAX_HEAD_DIM)
     val.check_range(op, "value head dim V (v.shape[-1])", V, MIN_HEAD_DIM, MAX_HEAD_DIM)
 
     offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets_host is None else offsets_host.numel() - 1
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     val.check_initial_state(op, initial_state, (N, H, K, V))
     return GatedInputs(B, T, H, K, V, N, K**-0.5 if scale is None else float(scale), offsets_host)
 
 
-_retention_gammas: dict = {}
+_retention_gammas = device_cache()
 
 
 def retention_gamma(H: int, device) -> torch.Tensor:
@@ -95,6 +101,11 @@ def retention_gamma(H: int, device) -> torch.Tensor:
     Cached per (H, device): a fresh host-to-device copy on every call would stall the
     host on the stream.
     """
+    if torch.compiler.is_compiling():
+        # traced into the graph, on the device, and never cached: a cached graph output
+        # could live in a CUDA graph's memory pool
+        heads = torch.arange(H, dtype=torch.float64, device=device)
+        return torch.log1p(-torch.pow(2.0, -5.0 - heads)).to(torch.float32)
     key = (H, str(device))
     gamma = _retention_gammas.get(key)
     if gamma is None:

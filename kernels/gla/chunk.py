@@ -1,4 +1,5 @@
-"""Chunked gated linear attention (GLA): ``chunk_gla``, forward and backward in Triton.
+"""Chunked gated linear attention (GLA): ``chunk_gla``, forward and backward in Triton,
+and with the bonus switch RWKV-6 (``kernels.rwkv6``; section "RWKV-6" below).
 
 The recurrence (per head; ``g`` in log space, one gate per key channel)::
 
@@ -106,6 +107,33 @@ the true ``dg`` is tiny next to ``q ⊙ dq``:
     dg_s = sum_{t >= s} (q ⊙ dq' - k ⊙ dk_intra')_t + sum_{t < s} (k ⊙ dk_inter)_t
            + e^{G_L} ⊙ sum_v (h ⊙ dh)            (' : without the diagonal terms)
 
+RWKV-6 (BONUS)
+--------------
+``chunk_rwkv6`` runs these kernels with ``q = r``, ``g = w`` and the bonus ``u [H, K]``.
+Its output reads the state *before* the token's update, plus the bonus on the token
+itself, ``o_t = (S_{t-1} + diag(u) k_t v_t^T)^T (scale r_t)``, so with ``X = G - g`` (the
+exclusive cumulative gate)::
+
+    o    = q_in h + A v,     q_in = scale q ⊙ e^{X}
+    A_ij = scale sum_c q_ic k_jc e^{X_ic - G_jc}  (j < i),    A_ii = scale q_i . (u ⊙ k_i)
+
+and the state pass, ``k_out`` and ``h'`` are unchanged. The levels need only the query's
+factor changed: ``X_i - G_e`` is the sum of ``g`` over i's block *before* i, built in the
+same recursion (same-sign sums; every exponent still ``<= 0``). Backward: ``dq``
+takes ``e^{X}`` for ``e^{G}``; the bonus adds ``dA_ii u ⊙ k_i`` to dq, ``dA_ii u ⊙ q_i``
+to dk, and ``du = sum_i dA_ii q_i ⊙ k_i`` over every token (per-chunk partial rows added in
+a fixed order, ``kernels._partials.column_sum``). In ``dg``, ``q_t`` carries the
+cumulative gate of token ``t - 1``, and what the tokens after the chunk add is the
+sensitivity to scaling ``h' - k_L v_L^T`` (the last token's own term does not decay
+before the next query reads it); working that through as above::
+
+    dg_s = sum_{t >= s} ((q ⊙ dq')_{t+1} - (k ⊙ dk_intra')_t) + sum_{t < s} (k ⊙ dk_inter)_t
+           + e^{G_L} ⊙ sum_v (h ⊙ dh)
+
+(``q ⊙ dq'`` moved up one row). The terms that cancel exactly are now the adjacent pairs
+``(t + 1, t)``, whose factor ``e^{X_{t+1} - G_t}`` is 1 at any decay: they are left out of
+the levels and added to dq, dk after dg, as the diagonal is for gla.
+
 Kernels and launches
 --------------------
 Forward, 2 launches (3 with the ``output`` config: the output moves to ``_output_fwd``,
@@ -135,16 +163,21 @@ Grids put the large products on axis 0; offsets are 64-bit (a 64-bit base per ti
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
-from .. import _arch, _utils
+from .. import _arch, _partials, _utils
+from .. import _library as library
+from .._arch import COMPILE_OPTIONS
+from .._gate_levels import LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, right_half
+from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
 
 OP = "chunk_gla"
 BT = 64  # chunk length
-LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition
 
 
 # --------------------------------------------------------------------------------------
@@ -208,51 +241,40 @@ def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.c
     return _tile(ptr + i_state.to(tl.int64) * (K * V) + k0 * V, K - k0, V, v0, V, BK, BV)
 
 
-@triton.jit
-def _right_half(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
-    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
-
-
-@triton.jit
-def _next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """In-block gate sums at ``level + 1`` from those at ``level``.
-
-    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
-    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
-    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
-    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
-    value stays a sum of same-sign terms: no cancellation, however large the decay.
-    """
-    s: tl.constexpr = 1 << level
-    rows = tl.arange(0, BT)[:, None]
-    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
-    total = tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
-
-
-@triton.jit
-def _level_pairs(level: tl.constexpr, BT: tl.constexpr):
-    """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
-    j in the first half of the same block of ``2 * 2**level`` rows."""
-    s: tl.constexpr = 1 << level
-    bi = tl.arange(0, BT)[:, None] // s
-    bj = tl.arange(0, BT)[None, :] // s
-    return (bi - bj == 1) & (bj % 2 == 0)
-
-
 # --------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------
 
 
 @triton.jit
+def _query_level_sums(Q, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
+                      BONUS: tl.constexpr):
+    """The level sums with the query side's sum ``Q`` inclusive of its row (``L``), or with
+    BONUS exclusive (``X = L - g``: rwkv6's query reads the state before its token)."""
+    if BONUS:
+        Q, R = next_level_sums_exclusive(Q, R, g, right, level, BT, BD)
+    else:
+        Q, R = next_level_sums(Q, R, right, level, BT, BD)
+    return Q, R
+
+
+@triton.jit
+def _shift_rows(x, by: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """Row ``i`` of the result is row ``i + by`` of ``x`` (``by`` = +-1), zero past the edges."""
+    rows = tl.arange(0, BT)[:, None] + by
+    inside = (rows >= 0) & (rows < BT)
+    source = tl.broadcast_to(tl.minimum(tl.maximum(rows, 0), BT - 1), (BT, BD))
+    return tl.where(inside, tl.gather(x, source, axis=0), 0.0)
+
+
+@triton.jit
 def _intra_fwd(
-    q, k, g, A, q_in, k_out, decay, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, g, u, A, q_in, k_out, decay, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Per chunk: ``A``, and the gate-scaled operands of the state pass."""
+    """Per chunk: ``A``, and the gate-scaled operands of the state pass. With BONUS
+    (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``."""
     pid = tl.program_id(0)
     i_chunk = pid // H
     i_h = pid % H
@@ -276,23 +298,28 @@ def _intra_fwd(
         b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
         # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
         # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
-        L = b_g
+        # Q: the query side's in-block sums, inclusive (L), or with BONUS exclusive (X).
+        Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
         R = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
-            right = _right_half(level, BT)
-            factor = tl.exp(tl.where(right, L, R))
+            right = right_half(level, BT)
+            factor = tl.exp(tl.where(right, Q, R))
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            a += tl.where(_level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            L, R = _next_level_sums(L, R, right, level, BT, BK)
-        # One block per chunk: L = G (the cumulative gate), R = G_L - G.
+            a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS)
+        # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
         p_q, m_q = _tile(q_in, nrows, H * K, k0, K, BT, BK)
-        tl.store(p_q, (b_q * tl.exp(L) * scale).to(q_in.dtype.element_ty), mask=m_q)
+        tl.store(p_q, (b_q * tl.exp(Q) * scale).to(q_in.dtype.element_ty), mask=m_q)
         p_k, m_k = _tile(k_out, nrows, H * K, k0, K, BT, BK)
         tl.store(p_k, (b_k * tl.exp(R)).to(k_out.dtype.element_ty), mask=m_k)
-        qk_self += tl.sum(b_q * b_k, axis=1)
+        if BONUS:
+            b_u = tl.load(u + i_h * K + kvec, mask=kvec < K, other=0.0).to(tl.float32)
+            qk_self += tl.sum(b_q * b_u[None, :] * b_k, axis=1)
+        else:
+            qk_self += tl.sum(b_q * b_k, axis=1)
 
     a = tl.where(rows == cols, qk_self[:, None], a) * scale
     p_a, m_a = _tile(A, nrows, H * BT, 0, BT, BT, BT)
@@ -436,28 +463,11 @@ def _states_dv_bwd(
 
 
 @triton.jit
-def _qkg_bwd(
-    q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, cu_seqlens, chunk_map, scale, T, NT,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    """Per chunk and block of key channels: dq, dk, dg."""
-    pid = tl.program_id(0)
-    i_chunk = pid // H
-    i_h = pid % H
-    k0 = tl.program_id(1) * BK
-    t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
-    row0 = t0 * H + i_h
-    q += row0 * K
-    k += row0 * K
-    g += row0 * K
-    v += row0 * V
-    do += row0 * V
-    i_state = i_chunk * H + i_h
-    rows = tl.arange(0, BT)[:, None]
-    cols = tl.arange(0, BT)[None, :]
-
-    # Contractions over V: dA = do v^T, do h^T, v dh^T.
+def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
+                        H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr):
+    """A chunk's contractions over V for key block ``k0``: dA = do v^T, do h^T, v dh^T,
+    and the row sums of h * dh."""
     d_a = tl.zeros([BT, BT], dtype=tl.float32)
     dq_inter = tl.zeros([BT, BK], dtype=tl.float32)
     dk_inter = tl.zeros([BT, BK], dtype=tl.float32)
@@ -473,31 +483,74 @@ def _qkg_bwd(
         dq_inter = tl.dot(b_do, tl.trans(b_h.to(DOT)), dq_inter, input_precision=PREC)
         dk_inter = tl.dot(b_v, tl.trans(b_dh.to(DOT)), dk_inter, input_precision=PREC)
         h_dh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    return d_a, dq_inter, dk_inter, h_dh
+
+
+@triton.jit
+def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
+                     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr):
+    """dq, dk of the pairs i > j within a chunk, level by level as in the forward; also
+    returns the level sums Q = G (with BONUS G - g) and R = G_L - G."""
+    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
+    Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
+    R = tl.zeros([BT, BK], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        right = right_half(level, BT)
+        factor = tl.exp(tl.where(right, Q, R))
+        d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
+        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
+        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS)
+    return dq_intra, dk_intra, Q, R
+
+
+@triton.jit
+def _qkg_bwd(
+    q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, cu_seqlens, chunk_map, scale, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
+    chunk's share of du, one row of ``du_part [chunk rows, H * K]``."""
+    pid = tl.program_id(0)
+    i_chunk = pid // H
+    i_h = pid % H
+    k0 = tl.program_id(1) * BK
+    t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
+    row0 = t0 * H + i_h
+    q += row0 * K
+    k += row0 * K
+    g += row0 * K
+    v += row0 * V
+    do += row0 * V
+    i_state = i_chunk * H + i_h
+    rows = tl.arange(0, BT)[:, None]
+    cols = tl.arange(0, BT)[None, :]
+
+    d_a, dq_inter, dk_inter, h_dh = _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
+                                                        H, K, V, BT, BK, BV, DOT, PREC)
     d_a = d_a * scale
     d_a_self = tl.sum(tl.where(rows == cols, d_a, 0.0), axis=1)
+    if BONUS:
+        # the pairs (t + 1, t) meet undecayed (e^{G_t - G_t}) and cancel exactly in dg, like
+        # the diagonal of gla: left out of the levels and added to dq, dk after dg
+        adjacent = rows == cols + 1
+        d_a_adjacent = tl.sum(tl.where(adjacent, d_a, 0.0), axis=1)
+        d_a = tl.where(adjacent, 0.0, d_a)
 
     b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
     b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
     b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
 
-    # Pairs i > j, level by level, as in the forward. The i = j terms (dA_ii k_i in dq_i,
-    # dA_ii q_i in dk_i) are added last: they cancel exactly in q dq - k dk, and summing
-    # them first would leave their rounding error in dg.
-    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    L = b_g
-    R = tl.zeros([BT, BK], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
-        right = _right_half(level, BT)
-        factor = tl.exp(tl.where(right, L, R))
-        d_a_s = tl.where(_level_pairs(level, BT), d_a, 0.0).to(DOT)
-        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
-        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        L, R = _next_level_sums(L, R, right, level, BT, BK)
-    # L = G, R = G_L - G (see the forward).
-    b_dq = dq_inter * tl.exp(L) * scale + dq_intra
+    # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
+    # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
+    dq_intra, dk_intra, Q, R = _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS)
+    # Q = G (with BONUS G - g), R = G_L - G (see the forward).
+    b_dq = dq_inter * tl.exp(Q) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
     G_last = tl.sum(b_g, axis=0)
 
@@ -505,12 +558,26 @@ def _qkg_bwd(
     # carry of the module docstring with the k dk_inter terms of rows >= s cancelled out
     # algebraically (at strong decay the last row's term is large and the sum is not).
     # The strict prefix sum is a triangular matmul, so no large term is added and taken away.
+    # With BONUS the query of row t + 1 carries the cumulative gate of row t, so its term
+    # moves up one row (module docstring, "RWKV-6").
     below = (rows > cols).to(tl.float32)
-    b_dg = tl.cumsum(b_q * b_dq - b_k * dk_intra, axis=0, reverse=True)
+    q_dq = b_q * b_dq
+    if BONUS:
+        q_dq = _shift_rows(q_dq, 1, BT, BK)
+    b_dg = tl.cumsum(q_dq - b_k * dk_intra, axis=0, reverse=True)
     b_dg = tl.dot(below, b_k * dk_inter, b_dg, input_precision=PREC)
     b_dg += (tl.exp(G_last) * h_dh)[None, :]
-    b_dq += d_a_self[:, None] * b_k
-    b_dk = dk_inter + dk_intra + d_a_self[:, None] * b_q
+    if BONUS:
+        kvec = k0 + tl.arange(0, BK)
+        b_u = tl.load(u + i_h * K + kvec, mask=kvec < K, other=0.0).to(tl.float32)
+        b_dq += d_a_self[:, None] * (b_u[None, :] * b_k) + d_a_adjacent[:, None] * _shift_rows(b_k, -1, BT, BK)
+        b_dk = (dk_inter + dk_intra + d_a_self[:, None] * (b_u[None, :] * b_q)
+                + _shift_rows(d_a_adjacent[:, None] * b_q, 1, BT, BK))
+        du = tl.sum(d_a_self[:, None] * b_q * b_k, axis=0)
+        tl.store(du_part + (i_chunk.to(tl.int64) * H + i_h) * K + kvec, du, mask=kvec < K)
+    else:
+        b_dq += d_a_self[:, None] * b_k
+        b_dk = dk_inter + dk_intra + d_a_self[:, None] * b_q
 
     p_dq, mask = _tile(dq + row0 * K, nrows, H * K, k0, K, BT, BK)
     tl.store(p_dq, b_dq.to(dq.dtype.element_ty), mask=mask)
@@ -584,7 +651,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     }
 
 
-_chunk_offsets_cache: dict = {}
+_chunk_offsets_cache = _utils.device_cache()
 
 
 def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
@@ -593,6 +660,8 @@ def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
     hit = _chunk_offsets_cache.get(key)
     if hit is not None and hit[0] is offsets_host:
         return hit[1]
+    if _utils.shapes_only():  # no values: see kernels/_library.py
+        return torch.empty((offsets_host.numel(),), dtype=torch.int32, device=device)
     n_chunks = (offsets_host[1:] - offsets_host[:-1] + BT - 1) // BT
     table = _utils.host_to_device(torch.cat([n_chunks.new_zeros(1), n_chunks.cumsum(0)]).to(torch.int32), device)
     if len(_chunk_offsets_cache) > 256:
@@ -621,6 +690,9 @@ class _Layout:
             self.NT = _utils.cdiv(T, BT)
             self.chunk_map = self.chunk_offsets = None
             self.n_chunks = B * self.NT
+        # rows of the per-chunk buffers: from T and N alone (no output shape may depend on
+        # the offsets' values, kernels/_library.py); packed, up to N rows stay unused
+        self.chunk_rows = state_slots(B, T, self.N, BT, self.varlen)
         # Intermediates (A, q_in, k_out, the chunk states) are kept in q's dtype, except
         # for fp16, whose range cannot hold gate-scaled operands (e^{G} < 6e-8 flushes to
         # 0 and takes, e.g., the whole initial-state gradient with it at strong decay).
@@ -640,82 +712,91 @@ class _Layout:
                     IS_VARLEN=self.varlen)
 
 
-def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool):
+def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool, u=None):
     H, K, V = lay.H, lay.K, lay.V
     A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
     q_in = _utils.empty_like(q, lay.work)
     k_out = _utils.empty_like(k, lay.work)
-    decay = _utils.empty((lay.n_chunks, H, K), torch.float32, q.device)
+    decay = _utils.empty((lay.chunk_rows, H, K), torch.float32, q.device)
     if lay.n_chunks > 0:
         cfg = lay.cfg["intra"]
         _intra_fwd[(lay.n_chunks * H,)](
-            q, k, g, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            q, k, g, u, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
+            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **COMPILE_OPTIONS,
         )
     o = _utils.empty_like(v)
     split = lay.cfg["output"] is not None
-    h_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device) if (save_states or split) else None
+    h_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device) if (save_states or split) else None
     final_state = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if output_final_state else None
     cfg = lay.cfg["state"]
     _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, v, decay, A, initial_state, o, h_chunks, final_state, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
         STORE_HT=output_final_state, STORE_H_CHUNKS=h_chunks is not None, STORE_O=not split,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     if split and lay.n_chunks > 0:
         cfg = lay.cfg["output"]
         _output_fwd[(lay.n_chunks * H * _utils.cdiv(V, cfg["BV"]),)](
             q_in, v, A, h_chunks, o, lay.cu_seqlens, lay.chunk_map, **lay.common(), V=V, BK=cfg["BK"], BV=cfg["BV"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
     return o, final_state, (A, q_in, k_out, decay, h_chunks)
 
 
-def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool):
+def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool, u=None):
     A, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
-    dh_chunks = _utils.empty((lay.n_chunks, H, K, V), lay.work, q.device)
+    dh_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device)
     dv = _utils.empty_like(v)
     dh0 = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if need_dh0 else None
     cfg = lay.cfg["state"]
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     dq = _utils.empty_like(q)
     dk = _utils.empty_like(k)
     dg = _utils.empty_like(g)
+    # u is shared by every token: one row of partial sums per chunk, added in a fixed order;
+    # rows past the chunks (chunk_rows counts up to N more when packed) stay zero
+    du_part = torch.zeros((lay.chunk_rows, H * K), dtype=torch.float32, device=q.device) if u is not None else None
     if lay.n_chunks > 0:
         cfg = lay.cfg["qkg"]
         _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
-            q, k, v, g, do, h_chunks, dh_chunks, dq, dk, dg, lay.cu_seqlens, lay.chunk_map, scale,
-            **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, lay.cu_seqlens, lay.chunk_map, scale,
+            **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
-    return dq, dk, dv, dg, dh0
+    du = _partials.column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
+    return dq, dk, dv, dg, dh0, du
 
 
-class _ChunkGLA(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host):
-        lay = _Layout(q, v, cu_seqlens, offsets_host)
-        save_states = any(ctx.needs_input_grad[:5])
-        o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, save_states)
-        if save_states:
-            ctx.save_for_backward(q, k, v, g, *saved)
-            ctx.lay, ctx.scale = lay, scale
-            ctx.need_dh0 = initial_state is not None and ctx.needs_input_grad[4]
-        return o, final_state
+def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, u: Optional[torch.Tensor],
+                initial_state: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                cu_seqlens_cpu: Optional[torch.Tensor], scale: float, output_final_state: bool, *, keep, offsets):
+    q, k, v, g, u, initial_state = _utils.contiguous(q, k, v, g, u, initial_state)
+    lay = _Layout(q, v, cu_seqlens, offsets)
+    o, final_state, saved = _forward(q, k, v, g, scale, initial_state, output_final_state, lay, keep, u)
+    return (o, final_state), saved if keep else ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, *saved = ctx.saved_tensors
-        do = do.contiguous()
-        dht = dht.contiguous() if dht is not None else None
-        dq, dk, dv, dg, dh0 = _backward(q, k, v, g, saved, ctx.scale, do, dht, ctx.lay, ctx.need_dh0)
-        return dq, dk, dv, dg, dh0, None, None, None, None
+
+def _op_backward(grads, saved, q, k, v, g, u, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state,
+                 *, needs_grad, offsets):
+    q, k, v, g, u, do, dht = _utils.contiguous(q, k, v, g, u, *grads)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(v)
+    lay = _Layout(q, v, cu_seqlens, offsets)
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    dq, dk, dv, dg, dh0, du = _backward(q, k, v, g, saved, scale, do, dht, lay, need_dh0, u)
+    return dict(q=dq, k=dk, v=dv, g=dg, u=du, initial_state=dh0)
+
+
+# chunk_rwkv6 is these launches with the bonus u (kernels/rwkv6)
+OPS = {name: library.register(name, _op_forward, _op_backward) for name in (OP, "chunk_rwkv6")}
+CHUNK_GLA = OPS[OP]
 
 
 def _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
@@ -750,7 +831,5 @@ def chunk_gla(
     offsets_host = _validate_args(q, k, v, g, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     _arch.require_arch("chunk_gla", 80, _arch.SM75_TILES)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
-    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
-    if initial_state is not None:
-        initial_state = initial_state.contiguous()
-    return _ChunkGLA.apply(q, k, v, g, initial_state, scale, output_final_state, cu_seqlens, offsets_host)
+    return CHUNK_GLA(q, k, v, g, None, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state,
+                     offsets=offsets_host)

@@ -1,5 +1,5 @@
 """The GatedDeltaNet layer: projections, short convolutions, gates, the gated delta rule,
-a gated RMS norm and the output projection (OPS.md, "Layers").
+a gated RMS norm and the output projection (docs/ops.md, "Layers").
 
 For an input ``x [B, T, hidden_size]``, with ``H`` query/key heads of dim ``K`` and ``HV``
 value heads of dim ``V`` (``HV % H == 0``)::

@@ -1,6 +1,6 @@
 """Chunked simple_gla (and its special cases retention and linear_attn), forward and backward.
 
-Recurrence, per head (OPS.md): ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``,
+Recurrence, per head (docs/ops.md): ``S_t = e^{g_t} S_{t-1} + k_t v_t^T``, ``o_t = S_t^T (scale q_t)``,
 with a scalar log gate g ``[B, T, H]``, a constant one ``g_gamma [H]``, their sum, or none.
 
 Chunk form (chunk size BT = 64). In a chunk starting with state ``H_c``, let
@@ -65,12 +65,16 @@ chunk c stores its state in slot ``cu_seqlens[n] // BT + n + c`` of the per-chun
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .. import _arch
-from .._utils import block_size, cdiv, chunk_map, empty
+from .. import _library as library
+from .._arch import COMPILE_OPTIONS
+from .._utils import block_size, cdiv, chunk_map, contiguous, empty
 from ..gated_recurrent.fused_recurrent import recurrent_backward
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from ..gated_recurrent.inputs import check_gated_inputs, retention_gamma
@@ -283,6 +287,39 @@ def _chunk_gate_grad(qb, kb, dA_raw, dq_inter_raw, dk_inter_raw, hdh, b, b_last,
 
 
 @triton.jit
+def _value_blocks_bwd(v, do, states, dstates, dv, AT, k_dec, t, m_t, o_k, m_k, i_h, state_base,
+                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, STORE_DG: tl.constexpr, PRECISION: tl.constexpr):
+    """A chunk's walk over value blocks: stores dv = A^T do + (decayed k) dH_{c+1}; returns
+    dA = do v^T, do H_c^T, v dH_{c+1}^T (undecayed) and, with STORE_DG, the row sums of
+    H_c * dH_{c+1} (``<H_c, dH_{c+1}>`` once summed over K)."""
+    hdh = tl.zeros([BK], dtype=tl.float32)
+    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
+    dA = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        m_tv = m_t[:, None] & m_v[None, :]
+        m_kv = m_k[:, None] & m_v[None, :]
+        tv_offs = (t[:, None] * H + i_h) * V + o_v[None, :]
+        kv_offs = state_base + o_k[:, None] * V + o_v[None, :]
+        vb = tl.load(v + tv_offs, mask=m_tv, other=0.0)
+        dob = tl.load(do + tv_offs, mask=m_tv, other=0.0)
+        hb = tl.load(states + kv_offs, mask=m_kv, other=0.0)
+        dhb = tl.load(dstates + kv_offs, mask=m_kv, other=0.0)
+        if STORE_DG:
+            hdh += tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1)
+        dA = tl.dot(dob, tl.trans(vb), dA, input_precision=PRECISION)
+        dq_acc = tl.dot(dob, tl.trans(hb), dq_acc, input_precision=PRECISION)
+        dk_acc = tl.dot(vb, tl.trans(dhb), dk_acc, input_precision=PRECISION)
+        dvb = tl.dot(AT, dob, input_precision=PRECISION)
+        dvb = tl.dot(k_dec, dhb, dvb, input_precision=PRECISION)
+        tl.store(dv + tv_offs, dvb.to(dv.dtype.element_ty), mask=m_tv)
+    return dA, dq_acc, dk_acc, hdh
+
+
+@triton.jit
 def chunk_grad_kernel(
     q, k, v, g, g_gamma, states, dstates, do, dq, dk, dv, dg, chunk_table, cu_seqlens, scale, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -324,29 +361,8 @@ def chunk_grad_kernel(
         k_dec = kb
     AT = AT.to(kb.dtype)
 
-    hdh = tl.zeros([BK], dtype=tl.float32)  # <H_c, dH_{c+1}>, summed over K at the end
-    dq_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_acc = tl.zeros([BT, BK], dtype=tl.float32)
-    dA = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < V
-        m_tv = m_t[:, None] & m_v[None, :]
-        m_kv = m_k[:, None] & m_v[None, :]
-        tv_offs = (t[:, None] * H + i_h) * V + o_v[None, :]
-        kv_offs = state_base + o_k[:, None] * V + o_v[None, :]
-        vb = tl.load(v + tv_offs, mask=m_tv, other=0.0)
-        dob = tl.load(do + tv_offs, mask=m_tv, other=0.0)
-        hb = tl.load(states + kv_offs, mask=m_kv, other=0.0)
-        dhb = tl.load(dstates + kv_offs, mask=m_kv, other=0.0)
-        if STORE_DG:
-            hdh += tl.sum(hb.to(tl.float32) * dhb.to(tl.float32), 1)
-        dA = tl.dot(dob, tl.trans(vb), dA, input_precision=PRECISION)
-        dq_acc = tl.dot(dob, tl.trans(hb), dq_acc, input_precision=PRECISION)
-        dk_acc = tl.dot(vb, tl.trans(dhb), dk_acc, input_precision=PRECISION)
-        dvb = tl.dot(AT, dob, input_precision=PRECISION)
-        dvb = tl.dot(k_dec, dhb, dvb, input_precision=PRECISION)
-        tl.store(dv + tv_offs, dvb.to(dv.dtype.element_ty), mask=m_tv)
+    dA, dq_acc, dk_acc, hdh = _value_blocks_bwd(v, do, states, dstates, dv, AT, k_dec, t, m_t, o_k, m_k, i_h,
+                                                state_base, H, K, V, BT, BK, BV, STORE_DG, PRECISION)
 
     causal = o_t[:, None] >= o_t[None, :]
     if STORE_DG:
@@ -407,7 +423,7 @@ def _launch_state_pass(x, y, g, g_gamma, states, s0, s_end, cu_seqlens, scale, T
         USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=x.dtype == torch.float32,
         USE_S0=s0 is not None,
         STORE_S_END=s_end is not None, IS_VARLEN=cu_seqlens is not None, REVERSE=reverse,
-        PRECISION=_precision(x.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"],
+        PRECISION=_precision(x.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
     )
 
 
@@ -419,74 +435,77 @@ def _chunk_grid(B: int, T: int, offsets_host, device):
     return table.shape[0], table
 
 
-class ChunkSimpleGLAFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, offsets_host, N):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, q.dtype)
-        states = empty((state_slots(B, T, N, CHUNK_SIZE, offsets_host is not None), H, K, V), q.dtype, q.device)
-        final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
-        _launch_state_pass(k, v, g, g_gamma, states, initial_state, final_state, cu_seqlens, 1.0,
-                           T, N, H, K, V, False, cfg)
-        o = empty(v.shape, v.dtype, v.device)
-        n_chunks, table = _chunk_grid(B, T, offsets_host, q.device)
-        c = cfg["output"]
-        if n_chunks > 0:
-            chunk_output_kernel[(n_chunks * H, cdiv(V, c["BV"]))](
-                q, k, v, g, g_gamma, states, o, table, cu_seqlens, scale, T,
-                H=H, K=K, V=V, BT=CHUNK_SIZE, BK=c["BK"], BV=c["BV"],
-                USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
-                IS_VARLEN=cu_seqlens is not None,
-                PRECISION=_precision(q.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"],
-            )
-        ctx.save_for_backward(q, k, v, g, g_gamma, initial_state, states, cu_seqlens)
-        ctx.scale, ctx.offsets_host, ctx.N = scale, offsets_host, N
-        return o, final_state
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torch.Tensor],
+             g_gamma: Optional[torch.Tensor], initial_state: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], scale: float,
+             output_final_state: bool, *, keep, offsets):
+    """The forward launches; returns ``((o, final state or None), (chunk states,))``."""
+    q, k, v, g, g_gamma, initial_state = contiguous(q, k, v, g, g_gamma, initial_state)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = _configs(K, V, q.dtype)
+    states = empty((state_slots(B, T, N, CHUNK_SIZE, cu_seqlens is not None), H, K, V), q.dtype, q.device)
+    final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
+    _launch_state_pass(k, v, g, g_gamma, states, initial_state, final_state, cu_seqlens, 1.0,
+                       T, N, H, K, V, False, cfg)
+    o = empty(v.shape, v.dtype, v.device)
+    n_chunks, table = _chunk_grid(B, T, offsets, q.device)
+    c = cfg["output"]
+    if n_chunks > 0:
+        chunk_output_kernel[(n_chunks * H, cdiv(V, c["BV"]))](
+            q, k, v, g, g_gamma, states, o, table, cu_seqlens, scale, T,
+            H=H, K=K, V=V, BT=CHUNK_SIZE, BK=c["BK"], BV=c["BV"],
+            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
+            IS_VARLEN=cu_seqlens is not None,
+            PRECISION=_precision(q.dtype), num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
+        )
+    return (o, final_state), (states,) if keep else ()
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, k, v, g, g_gamma, initial_state, states, cu_seqlens = ctx.saved_tensors
-        scale, offsets_host, N = ctx.scale, ctx.offsets_host, ctx.N
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        cfg = _configs(K, V, q.dtype, gated=g is not None or g_gamma is not None)
-        do = do.contiguous()
-        if dht is not None:
-            dht = dht.contiguous()
-        if not _chunk_grad_fits(K, q.dtype, gamma_only=g is None and g_gamma is not None):
-            dq, dk, dv, dg, dh0 = recurrent_backward(
-                q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N,
-                g is not None and ctx.needs_input_grad[3], initial_state is not None and ctx.needs_input_grad[6])
-            return dq, dk, dv, dg, None, None, dh0, None, None, None, None
-        dstates = empty(states.shape, q.dtype, q.device)
-        need_dh0 = initial_state is not None and ctx.needs_input_grad[6]
-        dh0 = empty((N, H, K, V), torch.float32, q.device) if need_dh0 else None
-        _launch_state_pass(q, do, g, g_gamma, dstates, dht, dh0, cu_seqlens, scale, T, N, H, K, V, True, cfg)
 
-        dq, dk, dv = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device), empty(v.shape, v.dtype, v.device)
-        need_dg = g is not None and ctx.needs_input_grad[3]
-        dg = empty(g.shape, g.dtype, g.device) if need_dg else None
-        n_chunks, table = _chunk_grid(B, T, offsets_host, q.device)
-        c = cfg["grad"]
-        if n_chunks > 0:
-            chunk_grad_kernel[(n_chunks * H,)](
-                q, k, v, g, g_gamma, states, dstates, do, dq, dk, dv, dg, table, cu_seqlens, scale, T,
-                H=H, K=K, V=V, BT=CHUNK_SIZE, BK=c["BK"], BV=c["BV"],
-                USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
-                STORE_DG=need_dg,
-                IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(q.dtype),
-                num_warps=c["num_warps"], num_stages=c["num_stages"],
-            )
-        return dq, dk, dv, dg, None, None, dh0, None, None, None, None
+def _backward(grads, saved, q, k, v, g, g_gamma, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+              output_final_state, *, needs_grad, offsets):
+    (states,) = saved
+    q, k, v, g, g_gamma, initial_state, do, dht = contiguous(q, k, v, g, g_gamma, initial_state, *grads)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    cfg = _configs(K, V, q.dtype, gated=g is not None or g_gamma is not None)
+    need_dg = g is not None and needs_grad["g"]
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    if not _chunk_grad_fits(K, q.dtype, gamma_only=g is None and g_gamma is not None):
+        dq, dk, dv, dg, dh0, _ = recurrent_backward(
+            q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N, need_dg, need_dh0)
+        return dict(q=dq, k=dk, v=dv, g=dg, initial_state=dh0)
+    dstates = empty(states.shape, q.dtype, q.device)
+    dh0 = empty((N, H, K, V), torch.float32, q.device) if need_dh0 else None
+    _launch_state_pass(q, do, g, g_gamma, dstates, dht, dh0, cu_seqlens, scale, T, N, H, K, V, True, cfg)
+
+    dq, dk, dv = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device), empty(v.shape, v.dtype, v.device)
+    dg = empty(g.shape, g.dtype, g.device) if need_dg else None
+    n_chunks, table = _chunk_grid(B, T, offsets, q.device)
+    c = cfg["grad"]
+    if n_chunks > 0:
+        chunk_grad_kernel[(n_chunks * H,)](
+            q, k, v, g, g_gamma, states, dstates, do, dq, dk, dv, dg, table, cu_seqlens, scale, T,
+            H=H, K=K, V=V, BT=CHUNK_SIZE, BK=c["BK"], BV=c["BV"],
+            USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, GATE_F64=q.dtype == torch.float32,
+            STORE_DG=need_dg,
+            IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(q.dtype),
+            num_warps=c["num_warps"], num_stages=c["num_stages"], **COMPILE_OPTIONS,
+        )
+    return dict(q=dq, k=dk, v=dv, g=dg, initial_state=dh0)
+
+
+OPS = {name: library.register(name, _forward, _backward)
+       for name in ("chunk_simple_gla", "chunk_retention", "chunk_linear_attn")}
 
 
 def _chunk_gated(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
     shapes = check_gated_inputs(op, q, k, v, g=g, g_gamma=g_gamma, scale=scale, initial_state=initial_state,
                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
-    contiguous = [None if t is None else t.contiguous() for t in (q, k, v, g, g_gamma, initial_state)]
-    return ChunkSimpleGLAFunction.apply(*contiguous[:5], shapes.scale, contiguous[5], bool(output_final_state),
-                                        cu_seqlens, shapes.offsets_host, shapes.N)
+    return OPS[op](q, k, v, g, g_gamma, initial_state, cu_seqlens, cu_seqlens_cpu, shapes.scale,
+                   bool(output_final_state), offsets=shapes.offsets_host)
 
 
 def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,

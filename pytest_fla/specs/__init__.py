@@ -1,28 +1,47 @@
-"""The registry of op specs: one module per op family, each with a ``SPECS`` list."""
+"""The op specs of this repository's kernels: every module in this package with a
+``SPECS`` list is a family's specs, found by name (a new family adds its module and
+nothing else).
+
+This repo's ``conftest.py`` hands them to the plugin through the ``pytest_fla_specs``
+hook, the same way another repository registers its own (``docs/plugin-api.md``).
+Modules whose name starts with ``_``, and ``common`` (shared pieces), hold no specs.
+"""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 from ..spec import OpSpec
 
-# Families in the order they appear in reports.
-FAMILY_MODULES = (
-    "simple_gla",
-    "gla",
-    "modules",
-    "delta_rule",
-    "delta_rule_recurrent",
-    "dplr",
-    "layers",
-)
+NOT_FAMILIES = ("common",)
+
+
+def family_modules() -> tuple[str, ...]:
+    """The spec modules of this package, sorted by name."""
+    return tuple(sorted(
+        info.name for info in pkgutil.iter_modules(__path__)
+        if not info.name.startswith("_") and info.name not in NOT_FAMILIES
+    ))
+
+
+# Kept for code that reads the family list; derived, never edited by hand.
+FAMILY_MODULES = family_modules()
 
 
 def all_specs() -> list[OpSpec]:
-    specs: list[OpSpec] = []
-    for module in FAMILY_MODULES:
-        specs.extend(importlib.import_module(f"{__name__}.{module}").SPECS)
-    return specs
+    """Every spec with a kernel, family by family."""
+    return [spec for spec in _every_spec() if spec.op is not None]
+
+
+def reference_specs() -> list[OpSpec]:
+    """One spec per reference function: the first kernel spec that checks it, or a spec
+    describing the reference alone (``op=None``) while its kernel is not written."""
+    chosen: dict[str, OpSpec] = {}
+    every = _every_spec()
+    for spec in sorted(every, key=lambda s: s.op is None):  # kernel specs first
+        chosen.setdefault(_reference_name(spec), spec)
+    return list(chosen.values())
 
 
 def spec_by_name(name: str) -> OpSpec:
@@ -30,3 +49,17 @@ def spec_by_name(name: str) -> OpSpec:
         if spec.name == name:
             return spec
     raise KeyError(f"no op spec named {name!r}")
+
+
+def _every_spec() -> list[OpSpec]:
+    specs: list[OpSpec] = []
+    for module in family_modules():
+        specs.extend(getattr(importlib.import_module(f"{__name__}.{module}"), "SPECS", ()))
+    return specs
+
+
+def _reference_name(spec: OpSpec) -> str:
+    """The reference function's own name (``reference.simple_gla`` and
+    ``reference.linear.simple_gla`` are one function)."""
+    fn = spec.reference_fn
+    return f"{fn.__module__}.{fn.__qualname__}"

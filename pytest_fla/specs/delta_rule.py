@@ -1,11 +1,11 @@
-"""delta_rule and gated_delta_rule, chunked.
+"""delta_rule, gated_delta_rule and kda, chunked.
 
 Each is checked against its fused-recurrent form (``agrees_with``; those specs live in
 ``delta_rule_recurrent.py``).
 
-Keys are L2-normalised as callers normally do (OPS.md); ``use_qk_l2norm_in_kernel`` cases
-also normalise inside the kernels. The gated rule is checked with grouped value heads
-(HV = 2 H) and under strong decay.
+Keys are L2-normalised as callers normally do (docs/ops.md); ``use_qk_l2norm_in_kernel`` cases
+also normalise inside the kernels. The gated rules are checked with grouped value heads
+(HV = 2 H, 4 H) and under strong decay (per-channel for kda).
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ DELTA_ARGS = {
     "v": Arg(("B", "T", "H", "V")),
     "beta": Arg(("B", "T", "H"), "beta"),
     "initial_state": STATE,
+}
+KDA_ARGS = {
+    "q": Arg(("B", "T", "H", "K")),
+    "k": Arg(("B", "T", "H", "K"), "unit"),
+    "v": Arg(("B", "T", "HV", "V")),
+    "g": Arg(("B", "T", "HV", "K"), "log_gate", float32=True),
+    "beta": Arg(("B", "T", "HV"), "beta"),
+    "initial_state": STATE_GVA,
 }
 GATED_ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -42,6 +50,21 @@ GATED_CASES = (
     Case("l2norm_gva", {**SMALL, "H": 1, "HV": 2, "K": 16, "V": 16}, options=L2NORM, gpu_dims={**GPU, "HV": 16}),
     Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
 )
+# kda: per-channel gates; strong decay is where the in-chunk matrices need the gate levels
+KDA_CASES = (
+    Case("gva_state", {**SMALL, "H": 1, "HV": 2}, options=WITH_STATE, gpu_dims={**GPU, "HV": 16}),
+    # one sequence, two value heads: the agreement check steps the fused-recurrent kernel
+    # through T in the interpreter, program by program
+    Case("strong_decay_l2norm", {**SMALL, "B": 1, "H": 1, "HV": 2, "K": 16}, dist="strong_decay", options={**WITH_STATE, **L2NORM},
+         gpu_dims={**GPU, "T": 1024, "HV": 16, "K": 256, "V": 256}),
+    Case("wide_no_state", {"B": 1, "T": 70, "H": 2, "K": 48, "V": 40}, gpu_dims={**GPU, "K": 96, "V": 200},
+         checks=("forward", "backward")),
+    Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
+)
+KDA_COMPILE = tuple(
+    Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
+    for d in (64, 128)
+)
 DELTA_CASES = (
     Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
     Case("l2norm", {**SMALL, "K": 16, "V": 16}, options=L2NORM, gpu_dims={**GPU, "K": 64, "V": 64}),
@@ -55,6 +78,11 @@ COMPILE = tuple(
 DELTA_COMPILE = (Case("d128", {"B": 1, "T": 128, "H": 2, "K": 128, "V": 128}, options=WITH_STATE),)
 
 SPECS = [
+    linear_attention_spec(
+        "chunk_kda", "kda", KDA_ARGS, KDA_CASES,
+        grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=KDA_COMPILE,
+        agrees_with="fused_recurrent_kda", min_arch=SM80_AND_NEWER,
+    ),
     linear_attention_spec(
         "chunk_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
         grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=COMPILE,

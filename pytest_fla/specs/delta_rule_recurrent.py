@@ -1,6 +1,6 @@
 """delta_rule, gated_delta_rule and kda, fused-recurrent (one pass over time).
 
-Keys are L2-normalised as callers normally do (OPS.md); ``use_qk_l2norm_in_kernel`` cases
+Keys are L2-normalised as callers normally do (docs/ops.md); ``use_qk_l2norm_in_kernel`` cases
 also normalise inside the kernels. The backward replays the forward from state
 checkpoints every 16 steps at these sizes, so T = 24 crosses a checkpoint boundary and
 ends inside a chunk; the varlen packings (built around 16) put sequences at, just before

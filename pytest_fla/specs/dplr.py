@@ -1,6 +1,6 @@
 """dplr_delta_rule and rwkv7, chunked and fused-recurrent.
 
-Inputs as OPS.md draws them for RWKV-7: ``kk`` a unit vector, ``a = -kk``,
+Inputs as docs/ops.md draws them for RWKV-7: ``kk`` a unit vector, ``a = -kk``,
 ``b = kk * sigmoid(randn)``, the log decay ``w = -e^{-1/2} sigmoid(randn)``; the DPLR
 cases take the generic ``logsigmoid(randn) / 8`` gate for ``gk`` instead. ``strong_decay``
 cases scale the gates 100x and more (RWKV-7: 800x, about -490 per step), where a chunked
@@ -9,8 +9,8 @@ callers keep them): their gradients under strong decay, ``e^{gk}`` times O(1), f
 below fp16's range, where an fp16 gradient can only read 0.
 
 The fused-recurrent backward replays from state checkpoints every 16 steps at the CPU
-sizes, so T = 24 crosses a boundary. The chunked kernels' pieces are checked on their own
-in ``tests/kernels/test_dplr_pieces.py``.
+sizes, so T = 24 crosses a boundary. The chunked kernels' pieces get focused tests of
+their own in ``tests/kernels/``.
 """
 
 from __future__ import annotations

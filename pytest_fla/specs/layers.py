@@ -18,7 +18,7 @@ import torch
 
 from ..inputs import Arg, make_factory
 from ..spec import Case, ErrorInput, OpSpec, Sample
-from .common import _replace, varlen_error_inputs
+from .common import INT64_DIMS, _replace, varlen_error_inputs
 
 ARGS = {
     "x": Arg(("B", "T", "C")),
@@ -110,6 +110,7 @@ GATED_DELTA_NET = OpSpec(
     min_arch=(80, "chunk_gated_delta_rule's [64, K] tiles exceed sm75's 64 KB of shared memory"),
     # the reported layer: hidden 128, 6 heads of 16, value heads of 32 (B * H = 65538)
     huge_grid={"B": 10923, "T": 32, "C": 128, "H": 6, "K": 16, "V": 32},
+    int64_dims=INT64_DIMS,
     args=ARGS,
 )
 

@@ -1,12 +1,10 @@
 """The modules around every linear-attention layer: rotary embedding, the three
 normalisations and the short causal convolution.
 
-Their inputs use the same dim names as the recurrent ops where they can, so the generic
-checks (huge grids, 64-bit offsets) can size them: ``K`` is the normalised or convolved
-dim, ``W`` the conv width (4 where a case does not say) and ``S = W - 1`` its state
-length. Options a factory turns into arguments (``offsets_tensor``) are taken out of the
-case before the shared factory sees it; ``output_final_state``, which the generic
-huge-grid and 64-bit cases ask of every op, is dropped for ops that have no final state.
+Dims: ``D`` is the normalised, rotated or convolved dim, ``H`` heads (tokens of
+``[B, T, H, D]``), ``W`` the conv width (4 where a case does not say) and ``S = W - 1``
+its state length; the huge-grid and 64-bit-offset sizes are given per spec. Options a
+factory turns into arguments (``offsets_tensor``) never reach the op.
 """
 
 from __future__ import annotations
@@ -16,40 +14,30 @@ from typing import Iterable
 
 import torch
 
+from ..builders import huge_grid_dims, op_spec
+from ..error_inputs import dtype_errors, varlen_errors, with_args
 from ..inputs import Arg, make_factory
 from ..spec import Case, ErrorInput, OpSpec, Sample
-from .common import HUGE_GRID_DIMS, _replace, varlen_error_inputs
 
-TOKENS = ("B", "T", "H", "K")
+TOKENS = ("B", "T", "H", "D")
 DEFAULT_WIDTH = 4
+# B * H just past 65535 (B = 10923, H = 6), at a small D; the 64-bit-offset sample.
+HUGE_TOKENS = huge_grid_dims({"T": 32, "H": 6, "D": 16})
+INT64_TOKENS = {"B": 2, "T": 64, "H": 4, "D": 128}
 
 
-def _factory(args, *, drop=(), prepare=None, finish=None):
-    """``make_factory(args)`` with hooks: ``prepare(case) -> case`` before drawing,
-    ``finish(case, sample, dims, gen)`` after; options in ``drop`` never reach the op."""
-    base = make_factory(args)
+def _factory(args, **hooks):
+    """``make_factory(args, **hooks)`` that burns one draw first: the checks draw
+    cotangents from a generator seeded like this one, and for an op whose output is its
+    input rescaled (l2norm, rotary at position 0) the same draws would make dy parallel
+    to x and the gradient vanish."""
+    base = make_factory(args, **hooks)
 
     def factory(case: Case, dtype, device, gen, lengths) -> Sample:
-        # The checks draw cotangents from a generator seeded like this one; for an op
-        # whose output is its input rescaled (l2norm, rotary at position 0) the same
-        # draws would make dy parallel to x and the gradient vanish. One burned draw
-        # decorrelates them.
         torch.randn(1, generator=gen)
-        original = case
-        if prepare is not None:
-            case = prepare(case)
-        options = {k: v for k, v in case.options.items() if k not in drop}
-        sample = base(dataclasses.replace(case, options=options), dtype, device, gen, lengths)
-        if finish is not None:
-            finish(original, sample, lengths, gen)
-        return sample
+        return base(case, dtype, device, gen, lengths)
 
     return factory
-
-
-def _dtype_errors(kwargs, name: str) -> Iterable[ErrorInput]:
-    yield ErrorInput(f"{name}_float64", _replace(kwargs, **{name: kwargs[name].double()}), TypeError, f"`{name}`.*dtype")
-    yield ErrorInput(f"{name}_int", _replace(kwargs, **{name: kwargs[name].long()}), TypeError, f"`{name}`.*dtype")
 
 
 # ----------------------------------------------------------------------------- norms
@@ -57,46 +45,47 @@ def _dtype_errors(kwargs, name: str) -> Iterable[ErrorInput]:
 NORM_ARGS = {
     "x": Arg(TOKENS),
     "g": Arg(TOKENS, optional=True),
-    "weight": Arg(("K",), "positive", optional=True, float32=True),
-    "bias": Arg(("K",), optional=True),
+    "weight": Arg(("D",), "positive", optional=True, float32=True),
+    "bias": Arg(("D",), optional=True),
 }
-NORM_SMALL = {"B": 2, "T": 7, "H": 3, "K": 48}
-NORM_GPU = {"B": 4, "T": 1024, "H": 16, "K": 128}
+NORM_SMALL = {"B": 2, "T": 7, "H": 3, "D": 48}
+NORM_GPU = {"B": 4, "T": 1024, "H": 16, "D": 128}
 NORM_COMPILE_DIMS = {
-    "d128": {"B": 1, "T": 64, "H": 4, "K": 128},
-    "d4096": {"B": 1, "T": 16, "H": 1, "K": 4096},
-    "d16384": {"B": 1, "T": 4, "H": 1, "K": 16384},
+    "d128": {"B": 1, "T": 64, "H": 4, "D": 128},
+    "d4096": {"B": 1, "T": 16, "H": 1, "D": 4096},
+    "d16384": {"B": 1, "T": 4, "H": 1, "D": 16384},
 }
 
 
 def _norm_errors(gated: bool, affine: bool):
     def errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
         kwargs = spec.sample(spec.cases[-1], "fp32", device).kwargs
-        yield from _dtype_errors(kwargs, "x")
+        yield from dtype_errors(kwargs, "x")
         x = kwargs["x"]
         if gated:
-            yield ErrorInput("g_shape", _replace(kwargs, g=kwargs["g"][..., :-1].contiguous()), ValueError, "`g`.*shape")
-            yield ErrorInput("g_dtype_differs", _replace(kwargs, g=kwargs["g"].half()), TypeError, "`g`")
-            yield ErrorInput("activation_unknown", _replace(kwargs, activation="relu"), ValueError, "`activation`")
+            yield ErrorInput("g_shape", with_args(kwargs, g=kwargs["g"][..., :-1].contiguous()), ValueError, "`g`.*shape")
+            yield ErrorInput("g_dtype_differs", with_args(kwargs, g=kwargs["g"].half()), TypeError, "`g`")
+            yield ErrorInput("activation_unknown", with_args(kwargs, activation="relu"), ValueError, "`activation`")
         if affine or gated:
-            yield ErrorInput("weight_shape", _replace(kwargs, weight=torch.ones(x.shape[-1] + 1, device=device)), ValueError, "`weight`.*shape")
+            yield ErrorInput("weight_shape", with_args(kwargs, weight=torch.ones(x.shape[-1] + 1, device=device)), ValueError, "`weight`.*shape")
         if affine:
-            yield ErrorInput("bias_shape", _replace(kwargs, bias=torch.ones(1, x.shape[-1], device=device)), ValueError, "`bias`.*shape")
+            yield ErrorInput("bias_shape", with_args(kwargs, bias=torch.ones(1, x.shape[-1], device=device)), ValueError, "`bias`.*shape")
         wide = torch.zeros(2, 16385, device=device)
         big = {"x": wide, **({"g": wide} if gated else {})}
         yield ErrorInput("dim_16385", big, ValueError, "16385.*supported range")
-        yield ErrorInput("eps_negative", _replace(kwargs, eps=-1.0), ValueError, "`eps`")
+        yield ErrorInput("eps_negative", with_args(kwargs, eps=-1.0), ValueError, "`eps`")
 
     return errors
 
 
 def _norm_spec(name: str, args: dict, cases, grads, gated=False, affine=False) -> OpSpec:
-    return OpSpec(
-        name=name,
+    return op_spec(
+        name,
         family="modules",
         op=f"kernels.{name}",
         reference=f"reference.{name}",
-        factory=_factory(args, drop=("output_final_state",)),
+        args=args,
+        factory=_factory(args),
         cases=cases,
         grads=grads,
         errors=_norm_errors(gated, affine),
@@ -105,32 +94,32 @@ def _norm_spec(name: str, args: dict, cases, grads, gated=False, affine=False) -
         # every optional input switched on: the widest kernel variant of the op
         compile_cases=tuple(Case(name, dims, options={k: True for k in args if k != "x"})
                             for name, dims in NORM_COMPILE_DIMS.items()),
-        huge_grid=HUGE_GRID_DIMS,
-        args=args,
+        huge_grid=HUGE_TOKENS,
+        int64_dims=INT64_TOKENS,
     )
 
 
 L2NORM = _norm_spec(
     "l2norm", {"x": NORM_ARGS["x"]},
     (Case("plain", NORM_SMALL, gpu_dims=NORM_GPU),
-     Case("odd_dim", {"B": 3, "T": 5, "H": 1, "K": 100}, gpu_dims={**NORM_GPU, "K": 1000})),
+     Case("odd_dim", {"B": 3, "T": 5, "H": 1, "D": 100}, gpu_dims={**NORM_GPU, "D": 1000})),
     grads=("x",),
 )
 RMS_NORM = _norm_spec(
     "rms_norm", {k: NORM_ARGS[k] for k in ("x", "weight", "bias")},
     (Case("plain", NORM_SMALL, gpu_dims=NORM_GPU),
-     Case("weight", {**NORM_SMALL, "K": 24}, options={"weight": True}, gpu_dims={"B": 2, "T": 512, "H": 1, "K": 4096}),
-     Case("weight_bias", {"B": 2, "T": 3, "H": 2, "K": 100}, options={"weight": True, "bias": True},
-          gpu_dims={**NORM_GPU, "K": 96})),
+     Case("weight", {**NORM_SMALL, "D": 24}, options={"weight": True}, gpu_dims={"B": 2, "T": 512, "H": 1, "D": 4096}),
+     Case("weight_bias", {"B": 2, "T": 3, "H": 2, "D": 100}, options={"weight": True, "bias": True},
+          gpu_dims={**NORM_GPU, "D": 96})),
     grads=("x", "weight", "bias"), affine=True,
 )
 RMS_NORM_GATED = _norm_spec(
     "rms_norm_gated", {k: NORM_ARGS[k] for k in ("x", "g", "weight")},
     (Case("swish", NORM_SMALL, options={"g": True, "weight": True}, gpu_dims=NORM_GPU),
-     Case("sigmoid_no_weight", {**NORM_SMALL, "K": 20}, options={"g": True, "activation": "sigmoid"},
-          gpu_dims={**NORM_GPU, "K": 256}),
-     Case("wide", {"B": 1, "T": 2, "H": 1, "K": 2000}, options={"g": True, "weight": True},
-          gpu_dims={"B": 2, "T": 64, "H": 1, "K": 8192})),
+     Case("sigmoid_no_weight", {**NORM_SMALL, "D": 20}, options={"g": True, "activation": "sigmoid"},
+          gpu_dims={**NORM_GPU, "D": 256}),
+     Case("wide", {"B": 1, "T": 2, "H": 1, "D": 2000}, options={"g": True, "weight": True},
+          gpu_dims={"B": 2, "T": 64, "H": 1, "D": 8192})),
     grads=("x", "g", "weight"), gated=True,
 )
 
@@ -138,10 +127,10 @@ RMS_NORM_GATED = _norm_spec(
 # ----------------------------------------------------------------------------- causal conv1d
 
 CONV_ARGS = {
-    "x": Arg(("B", "T", "K")),
-    "weight": Arg(("K", "W"), float32=True),
-    "bias": Arg(("K",), optional=True),
-    "initial_state": Arg(("N", "K", "S"), "state", optional=True),
+    "x": Arg(("B", "T", "D")),
+    "weight": Arg(("D", "W"), float32=True),
+    "bias": Arg(("D",), optional=True),
+    "initial_state": Arg(("N", "D", "S"), "state", optional=True),
 }
 
 
@@ -150,55 +139,57 @@ def _with_width(case: Case) -> Case:
     return dataclasses.replace(case, dims={**case.dims, "W": width, "S": width - 1})
 
 
-CONV_SMALL = {"B": 2, "T": 19, "K": 24}
-CONV_GPU = {"B": 2, "T": 2048, "K": 1024}
+CONV_SMALL = {"B": 2, "T": 19, "D": 24}
+CONV_GPU = {"B": 2, "T": 2048, "D": 1024}
 CONV_STATE = {"initial_state": True, "output_final_state": True}
 
 
 def _conv_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     case = spec.cases[0]
     kwargs = spec.sample(case, "fp32", device).kwargs
-    yield from _dtype_errors(kwargs, "x")
+    yield from dtype_errors(kwargs, "x")
     x, weight, state = kwargs["x"], kwargs["weight"], kwargs["initial_state"]
     D = x.shape[-1]
-    yield ErrorInput("x_2d", _replace(kwargs, x=x[0].contiguous()), ValueError, "`x`")
-    yield ErrorInput("weight_channels", _replace(kwargs, weight=torch.zeros(D + 1, 4, device=device)), ValueError, "`weight`.*shape")
-    yield ErrorInput("weight_transposed", _replace(kwargs, weight=weight.t().contiguous()), ValueError, "`weight`|width")
-    yield ErrorInput("width_5", _replace(kwargs, weight=torch.zeros(D, 5, device=device), initial_state=None),
+    yield ErrorInput("x_2d", with_args(kwargs, x=x[0].contiguous()), ValueError, "`x`")
+    yield ErrorInput("weight_channels", with_args(kwargs, weight=torch.zeros(D + 1, 4, device=device)), ValueError, "`weight`.*shape")
+    yield ErrorInput("weight_transposed", with_args(kwargs, weight=weight.t().contiguous()), ValueError, "`weight`|width")
+    yield ErrorInput("width_5", with_args(kwargs, weight=torch.zeros(D, 5, device=device), initial_state=None),
                      ValueError, "width W.*5.*supported range")
-    yield ErrorInput("width_1", _replace(kwargs, weight=torch.zeros(D, 1, device=device), initial_state=None),
+    yield ErrorInput("width_1", with_args(kwargs, weight=torch.zeros(D, 1, device=device), initial_state=None),
                      ValueError, "width W.*1.*supported range")
-    yield ErrorInput("bias_shape", _replace(kwargs, bias=torch.zeros(D + 1, device=device)), ValueError, "`bias`.*shape")
-    yield ErrorInput("activation_unknown", _replace(kwargs, activation="relu"), ValueError, "`activation`")
-    yield ErrorInput("initial_state_width", _replace(kwargs, initial_state=state[..., :-1].contiguous()), ValueError, "`initial_state`.*shape")
-    yield ErrorInput("initial_state_bf16", _replace(kwargs, initial_state=state.bfloat16()), TypeError, "`initial_state`.*dtype")
-    yield ErrorInput("initial_state_channels_last", _replace(kwargs, initial_state=state.transpose(1, 2).contiguous()), ValueError, "`initial_state`")
-    yield from varlen_error_inputs(spec, case, device)
+    yield ErrorInput("bias_shape", with_args(kwargs, bias=torch.zeros(D + 1, device=device)), ValueError, "`bias`.*shape")
+    yield ErrorInput("activation_unknown", with_args(kwargs, activation="relu"), ValueError, "`activation`")
+    yield ErrorInput("initial_state_width", with_args(kwargs, initial_state=state[..., :-1].contiguous()), ValueError, "`initial_state`.*shape")
+    yield ErrorInput("initial_state_bf16", with_args(kwargs, initial_state=state.bfloat16()), TypeError, "`initial_state`.*dtype")
+    yield ErrorInput("initial_state_channels_last", with_args(kwargs, initial_state=state.transpose(1, 2).contiguous()), ValueError, "`initial_state`")
+    yield from varlen_errors(spec, case, device)
 
 
-CAUSAL_CONV1D = OpSpec(
-    name="causal_conv1d",
+CAUSAL_CONV1D = op_spec(
+    "causal_conv1d",
     family="modules",
     op="kernels.causal_conv1d",
     reference="reference.causal_conv1d",
+    args=CONV_ARGS,
     factory=_factory(CONV_ARGS, prepare=_with_width),
     cases=(
         Case("silu_state", CONV_SMALL, options={"bias": True, "activation": "silu", **CONV_STATE}, gpu_dims=CONV_GPU),
-        Case("plain", {**CONV_SMALL, "K": 40}, gpu_dims={**CONV_GPU, "K": 4096}),
-        Case("width2_state", {"B": 3, "T": 9, "K": 16, "W": 2}, options={"bias": True, **CONV_STATE},
-             gpu_dims={"B": 3, "T": 1000, "K": 2048, "W": 2}),
-        Case("width3_short", {"B": 2, "T": 1, "K": 8, "W": 3}, options={"activation": "silu", **CONV_STATE},
-             gpu_dims={"B": 2, "T": 1, "K": 4096, "W": 3}),
+        Case("plain", {**CONV_SMALL, "D": 40}, gpu_dims={**CONV_GPU, "D": 4096}),
+        Case("width2_state", {"B": 3, "T": 9, "D": 16, "W": 2}, options={"bias": True, **CONV_STATE},
+             gpu_dims={"B": 3, "T": 1000, "D": 2048, "W": 2}),
+        Case("width3_short", {"B": 2, "T": 1, "D": 8, "W": 3}, options={"activation": "silu", **CONV_STATE},
+             gpu_dims={"B": 2, "T": 1, "D": 4096, "W": 3}),
     ),
     grads=("x", "weight", "bias", "initial_state"),
     errors=_conv_errors,
     outputs=("y", "final_state"),
     compile_cases=(
-        Case("d4096_w4", {"B": 1, "T": 64, "K": 4096}, options={"bias": True, "activation": "silu", **CONV_STATE}),
-        Case("d2048_w2", {"B": 1, "T": 64, "K": 2048, "W": 2}, options=CONV_STATE),
+        Case("d4096_w4", {"B": 1, "T": 64, "D": 4096}, options={"bias": True, "activation": "silu", **CONV_STATE}),
+        Case("d2048_w2", {"B": 1, "T": 64, "D": 2048, "W": 2}, options=CONV_STATE),
     ),
-    huge_grid=HUGE_GRID_DIMS,
-    args=CONV_ARGS,
+    # the same batch as the token ops' (the conv has no heads)
+    huge_grid={k: v for k, v in HUGE_TOKENS.items() if k != "H"},
+    int64_dims={k: v for k, v in INT64_TOKENS.items() if k != "H"},
 )
 
 
@@ -209,7 +200,7 @@ ROTARY_ARGS = {"x": Arg(TOKENS)}
 
 def _rotary_prepare(case: Case) -> Case:
     options = dict(case.options)
-    options.setdefault("dim", case.dims["K"])
+    options.setdefault("dim", case.dims["D"])
     return dataclasses.replace(case, options=options)
 
 
@@ -221,51 +212,52 @@ def _rotary_finish(case: Case, sample: Sample, lengths, gen) -> None:
         sample.kwargs["seqlen_offset"] = torch.randint(0, 4096, (N,), generator=gen).to(x.device)
 
 
-ROTARY_SMALL = {"B": 2, "T": 13, "H": 3, "K": 16}
-ROTARY_GPU = {"B": 2, "T": 2048, "H": 16, "K": 128}
+ROTARY_SMALL = {"B": 2, "T": 13, "H": 3, "D": 16}
+ROTARY_GPU = {"B": 2, "T": 2048, "H": 16, "D": 128}
 
 
 def _rotary_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     case = spec.cases[0]
     kwargs = spec.sample(case, "fp32", device).kwargs
     D = kwargs["x"].shape[-1]
-    yield from _dtype_errors(kwargs, "x")
-    yield ErrorInput("x_3d", _replace(kwargs, x=kwargs["x"][0].contiguous()), ValueError, "`x`")
-    yield ErrorInput("dim_is_model_width", _replace(kwargs, dim=D * 4), ValueError, f"{D * 4}.*{D}")
-    yield ErrorInput("dim_odd", _replace(kwargs, dim=D - 1), ValueError, f"{D - 1}.*{D}")
-    yield ErrorInput("dim_zero", _replace(kwargs, dim=0), ValueError, f"0.*{D}")
-    yield ErrorInput("offsets_wrong_length", _replace(kwargs, seqlen_offset=torch.zeros(kwargs["x"].shape[0] + 1, dtype=torch.int64, device=device)),
+    yield from dtype_errors(kwargs, "x")
+    yield ErrorInput("x_3d", with_args(kwargs, x=kwargs["x"][0].contiguous()), ValueError, "`x`")
+    yield ErrorInput("dim_is_model_width", with_args(kwargs, dim=D * 4), ValueError, f"{D * 4}.*{D}")
+    yield ErrorInput("dim_odd", with_args(kwargs, dim=D - 1), ValueError, f"{D - 1}.*{D}")
+    yield ErrorInput("dim_zero", with_args(kwargs, dim=0), ValueError, f"0.*{D}")
+    yield ErrorInput("offsets_wrong_length", with_args(kwargs, seqlen_offset=torch.zeros(kwargs["x"].shape[0] + 1, dtype=torch.int64, device=device)),
                      ValueError, "`seqlen_offset`.*shape")
-    yield ErrorInput("offsets_float", _replace(kwargs, seqlen_offset=torch.zeros(kwargs["x"].shape[0], device=device)),
+    yield ErrorInput("offsets_float", with_args(kwargs, seqlen_offset=torch.zeros(kwargs["x"].shape[0], device=device)),
                      TypeError, "`seqlen_offset`.*dtype")
-    yield ErrorInput("offset_float", _replace(kwargs, seqlen_offset=1.5), TypeError, "`seqlen_offset`")
+    yield ErrorInput("offset_float", with_args(kwargs, seqlen_offset=1.5), TypeError, "`seqlen_offset`")
     yield ErrorInput("head_dim_2048", {"x": torch.zeros(1, 1, 1, 2048, device=device), "dim": 64}, ValueError, "2048.*supported range")
-    yield from varlen_error_inputs(spec, case, device)
+    yield from varlen_errors(spec, case, device)
 
 
-ROTARY = OpSpec(
-    name="rotary_embedding",
+ROTARY = op_spec(
+    "rotary_embedding",
     family="modules",
     op="kernels.apply_rotary",
     reference="reference.rotary_embedding",
-    factory=_factory(ROTARY_ARGS, drop=("output_final_state", "offsets_tensor"), prepare=_rotary_prepare, finish=_rotary_finish),
+    args=ROTARY_ARGS,
+    factory=_factory(ROTARY_ARGS, drop=("offsets_tensor",), prepare=_rotary_prepare, finish=_rotary_finish),
     cases=(
         Case("neox", ROTARY_SMALL, options={"seqlen_offset": 5}, gpu_dims=ROTARY_GPU),
-        Case("gptj_partial", {**ROTARY_SMALL, "K": 24}, options={"dim": 12, "interleaved": True}, gpu_dims={**ROTARY_GPU, "K": 96}),
+        Case("gptj_partial", {**ROTARY_SMALL, "D": 24}, options={"dim": 12, "interleaved": True}, gpu_dims={**ROTARY_GPU, "D": 96}),
         Case("offsets_tensor", {**ROTARY_SMALL, "H": 5}, options={"dim": 8, "offsets_tensor": True, "base": 500.0},
-             gpu_dims={**ROTARY_GPU, "K": 64}),
+             gpu_dims={**ROTARY_GPU, "D": 64}),
         Case("gptj_offsets_tensor", ROTARY_SMALL, options={"interleaved": True, "offsets_tensor": True},
-             gpu_dims={**ROTARY_GPU, "K": 256}),
+             gpu_dims={**ROTARY_GPU, "D": 256}),
     ),
     grads=("x",),
     errors=_rotary_errors,
     outputs=("y",),
     compile_cases=tuple(
-        Case(f"d{d}_{'gptj' if il else 'neox'}", {"B": 1, "T": 16, "H": 32, "K": d}, options={"interleaved": il})
+        Case(f"d{d}_{'gptj' if il else 'neox'}", {"B": 1, "T": 16, "H": 32, "D": d}, options={"interleaved": il})
         for d in (64, 128, 256) for il in (False, True)
     ),
-    huge_grid=HUGE_GRID_DIMS,
-    args=ROTARY_ARGS,
+    huge_grid=HUGE_TOKENS,
+    int64_dims=INT64_TOKENS,
 )
 
 SPECS = [ROTARY, L2NORM, RMS_NORM, RMS_NORM_GATED, CAUSAL_CONV1D]

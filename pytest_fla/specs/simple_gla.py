@@ -71,8 +71,9 @@ GLA_CASES = (
          gpu_dims={**GPU, "K": 256, "V": 256}),
 )
 # The huge-grid check needs B * H past 65535, not length: two steps do. The four fused ops
-# launch through the same code (one kernel pair, gate switches), so the check runs once,
-# on fused_recurrent_gla: under the interpreter each run takes ~40 s.
+# launch through the same code (one kernel pair, gate switches), so the grid checks (huge
+# grid, 64-bit offsets) run once, on fused_recurrent_gla: under the interpreter each
+# huge-grid run takes ~40 s.
 FUSED_HUGE_GRID = {**HUGE_GRID_DIMS, "T": 2}
 
 SPECS = [
@@ -83,7 +84,7 @@ SPECS = [
     ),
     linear_attention_spec(
         "fused_recurrent_simple_gla", "simple_gla", SIMPLE_GLA_ARGS, fused_cases(SIMPLE_GLA_CASES),
-        grads=("q", "k", "v", "g", "initial_state"), compile_cases=COMPILE, huge_grid=None,
+        grads=("q", "k", "v", "g", "initial_state"), compile_cases=COMPILE, huge_grid=None, int64_dims=None,
     ),
     linear_attention_spec(
         "chunk_retention", "retention", PLAIN_ARGS, PLAIN_CASES,
@@ -92,7 +93,7 @@ SPECS = [
     ),
     linear_attention_spec(
         "fused_recurrent_retention", "retention", PLAIN_ARGS, fused_cases(PLAIN_CASES),
-        grads=("q", "k", "v", "initial_state"), compile_cases=PLAIN_COMPILE, huge_grid=None,
+        grads=("q", "k", "v", "initial_state"), compile_cases=PLAIN_COMPILE, huge_grid=None, int64_dims=None,
     ),
     linear_attention_spec(
         "chunk_linear_attn", "linear_attn", PLAIN_ARGS, PLAIN_CASES,
@@ -101,7 +102,7 @@ SPECS = [
     ),
     linear_attention_spec(
         "fused_recurrent_linear_attn", "linear_attn", PLAIN_ARGS, fused_cases(PLAIN_CASES),
-        grads=("q", "k", "v", "initial_state"), compile_cases=PLAIN_COMPILE, huge_grid=None,
+        grads=("q", "k", "v", "initial_state"), compile_cases=PLAIN_COMPILE, huge_grid=None, int64_dims=None,
     ),
     linear_attention_spec(
         "fused_recurrent_gla", "gla", GLA_ARGS, GLA_CASES,

@@ -28,8 +28,9 @@ import triton.language as tl
 import reference
 from kernels._utils import chunk_map
 from kernels.delta_rule._chunk_common import CHUNK, choose_configs
-from kernels.delta_rule.chunk_fwd import chunk_fwd, unit_lower_inverse
-from pytest_fla.checks import numeric_device
+from kernels._triangular import unit_lower_inverse
+from kernels.delta_rule.chunk_fwd import chunk_fwd
+from pytest_fla.devices import numeric_device
 
 BT = CHUNK
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import reference
 from kernels import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda
 from kernels.delta_rule.fused_recurrent import _backward_config, _checkpoint_interval
-from pytest_fla.checks import numeric_device
+from pytest_fla.devices import numeric_device
 from pytest_fla.launches import observe_launches
 from pytest_fla.tolerance import assert_close
 

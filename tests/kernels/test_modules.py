@@ -14,8 +14,8 @@ import reference
 from kernels import RotaryEmbedding, apply_rotary, causal_conv1d, l2norm, rms_norm, rms_norm_gated, rotary_embedding
 from kernels import _partials
 from kernels import conv as conv_module
-from kernels.rotary import rotary_op
-from pytest_fla.checks import numeric_device
+from kernels.rotary import APPLY_ROTARY, ROTARY_EMBEDDING
+from pytest_fla.devices import numeric_device
 from pytest_fla.tolerance import assert_close
 
 DEVICE = numeric_device()
@@ -137,17 +137,19 @@ def _rotary_op_args(x):
     cu = torch.tensor([0, 3, 8], device=DEVICE)
     offsets = torch.tensor([2, 30], device=DEVICE)
     cos, sin = _tables(8, 40)
+    # (op, its arguments, keep)
     return [
-        (x, None, None, None, None, 16, 10000.0, 0, False, False),
-        (x[:1], None, None, offsets, cu, 8, 500.0, 0, True, False),
-        (x, cos, sin, None, None, 8, 0.0, 3, False, True),
+        (APPLY_ROTARY, (x, None, None, None, None, None, 16, 10000.0, 0, False), True),
+        (APPLY_ROTARY, (x[:1], None, None, offsets, cu, cu.cpu(), 8, 500.0, 0, True), True),
+        (ROTARY_EMBEDDING, (x, cos, sin, None, None, None, 8, 0.0, 3, False), False),
     ]
 
 
 @pytest.mark.parametrize("case", range(3))
 def test_rotary_custom_op_passes_opcheck(case):
     x = torch.randn(2, 8, 2, 16, device=DEVICE, requires_grad=True)
-    torch.library.opcheck(rotary_op, _rotary_op_args(x)[case])
+    op, args, keep = _rotary_op_args(x)[case]
+    torch.library.opcheck(op.forward_op, (*args, keep))
 
 
 def _compile_backend():

@@ -51,6 +51,7 @@ def test_poisoned_allocations():
 @cpu_only
 def test_fixture_families(pytester):
     pytester.makepyfile(test_fixtures=PROJECT)
+    pytester.makeini("[pytest]\nfla_poison = kernels._utils:POISON_ALLOCATIONS\n")
     result = run(pytester, "-v", "-rs")
     out = result.stdout.str()
     # every packing in both index dtypes, with ids naming them

@@ -86,10 +86,20 @@ def test_importing_the_plugin_initialises_nothing():
 
 
 def test_the_plugins_limits_are_the_kernels_limits():
-    """targets.py keeps its own copy (importing kernels would import torch and triton)."""
+    """One arch table (pytest_fla.gpu_archs): the kernels read the plugin's."""
     import kernels._arch
 
-    assert targets.SHARED_MEMORY_LIMIT == kernels._arch.SHARED_MEMORY_LIMIT
+    assert kernels._arch.SHARED_MEMORY_LIMIT is targets.SHARED_MEMORY_LIMIT
+    assert kernels._arch.shared_memory_limit(87) == targets.SHARED_MEMORY_LIMIT[86]  # nearest older
+
+
+def test_arch_names_parse():
+    assert targets.parse_arch("sm_80") == 80 and targets.parse_arch("90") == 90
+    with pytest.raises(ValueError, match="unknown GPU arch 'sm70'"):
+        targets.parse_arch("sm70")
+    import kernels._arch
+
+    assert kernels._arch.parse_arch("sm_90a") == 90 and kernels._arch.parse_arch(100) == 100
 
 
 PIN_REPORT = '''

@@ -1,4 +1,4 @@
-# source: user report against flash-linear-attention: GatedDeltaNet at batch 10923 fails with "invalid argument" (OPS.md, Layers)
+# source: user report against flash-linear-attention: GatedDeltaNet at batch 10923 fails with "invalid argument" (docs/ops.md, Layers)
 # seen-on: sm90
 # expect: pass
 # op: chunk_simple_gla

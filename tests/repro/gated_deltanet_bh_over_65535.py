@@ -1,4 +1,4 @@
-# source: user report against flash-linear-attention: GatedDeltaNet (hidden 128, 6 heads of 16) at batch 10923 fails with "invalid argument" (OPS.md, Layers)
+# source: user report against flash-linear-attention: GatedDeltaNet (hidden 128, 6 heads of 16) at batch 10923 fails with "invalid argument" (docs/ops.md, Layers)
 # seen-on: sm90
 # expect: pass
 # expect-sm75: raises NotImplementedError: sm80

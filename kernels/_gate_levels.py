@@ -1,0 +1,77 @@
+"""The gate-level recursion: intra-chunk products under per-channel decay, never
+forming ``e^{-G}``.
+
+For a chunk of ``BT = 2**LEVELS`` rows with per-channel log gates ``g`` (``G`` their
+in-chunk cumulative sum), a pair ``j < i`` needs ``e^{G_i - G_j}`` per channel, and the
+factorisation ``(x ⊙ e^{G}) (y ⊙ e^{-G})^T`` overflows under strong decay. Level
+``l = 0 .. LEVELS-1`` owns the pairs with ``i`` in the right and ``j`` in the left block
+of an aligned block of ``2 * 2**l`` rows (:func:`level_pairs`); its reference row ``e``,
+the left block's last, splits the factor into two that are each ``<= 1``::
+
+    e^{G_i - G_j} = e^{G_i - G_e} e^{G_e - G_j} = e^{L_i} e^{R_j}
+
+with ``L_i`` the sum of ``g`` over i's block up to ``i`` and ``R_j`` the sum over j's block
+after ``j``. So each level is one tensor-core product of ``x ⊙ e^{L}`` on right rows and
+``y ⊙ e^{R}`` on left rows, masked to the level's pairs. :func:`next_level_sums` builds
+the sums of the next level by adding the sibling block's total, never subtracting; after
+the last level ``L = G`` and ``R = G_last - G``; :func:`next_level_sums_exclusive` keeps
+``X = L - g`` instead of ``L`` (a query reading the state before its own token, rwkv6),
+ending at ``X = G - g``. Used by ``kernels/gla/chunk.py`` (whose
+docstring derives it) and ``kernels/delta_rule/chunk_kda.py``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition of a 64-row chunk
+
+
+@triton.jit
+def right_half(level: tl.constexpr, BT: tl.constexpr):
+    """``[BT, 1]``: the rows in the second (right) block of ``2**level`` rows of their pair."""
+    return (tl.arange(0, BT)[:, None] >> level) % 2 == 1
+
+
+@triton.jit
+def next_level_sums(L, R, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """In-block gate sums at ``level + 1`` from those at ``level``.
+
+    At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
+    ``g`` over i's block up to and including ``i``, ``R_j`` the sum over j's block after
+    ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
+    sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
+    value stays a sum of same-sign terms: no cancellation, however large the decay.
+    """
+    total = _sibling_total(L, right, level, BT, BD)
+    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def next_level_sums_exclusive(X, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """:func:`next_level_sums` with the right rows' sums exclusive of their own row:
+    ``X_i = L_i - g_i``, the sum of ``g`` over i's block *before* ``i``, for a query that
+    reads the state before its token's update (rwkv6). The sibling's total is ``X + g`` at
+    its last row (two terms of one sign), so every value is still a same-sign sum."""
+    total = _sibling_total(X + g, right, level, BT, BD)
+    return X + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def _sibling_total(L, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``L`` at the last row of each row's sibling block: the sibling's sum of ``g``."""
+    s: tl.constexpr = 1 << level
+    rows = tl.arange(0, BT)[:, None]
+    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
+    return tl.gather(L, tl.broadcast_to(sibling_last, (BT, BD)), axis=0)
+
+
+@triton.jit
+def level_pairs(level: tl.constexpr, BT: tl.constexpr):
+    """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
+    j in the first half of the same block of ``2 * 2**level`` rows."""
+    s: tl.constexpr = 1 << level
+    bi = tl.arange(0, BT)[:, None] // s
+    bj = tl.arange(0, BT)[None, :] // s
+    return (bi - bj == 1) & (bj % 2 == 0)

@@ -1,0 +1,215 @@
+"""Chunked HGRN: ``chunk_hgrn``, a parallel scan over time, forward and backward in Triton.
+
+    h_t = e^{g_t} ⊙ h_{t-1} + x_t,    o_t = h_t            x, g: [B, T, D]; state [N, D]
+
+Time is cut into chunks of ``BT = 64`` tokens; every pass below runs all chunks (or all
+sequences) of all channel blocks at once. Forward, three launches:
+
+1. ``_summary``: per (chunk, channel block), the chunk's scan from a zero state
+   (``kernels.hgrn.scan``), reduced to the affine map it applies to the state entering
+   it, ``h_out = A h_in + B``: ``A`` the product of the chunk's decays, ``B`` its last
+   value. fp32, one row per chunk slot (``kernels._sequence.state_slots``).
+2. ``_carry``: per (sequence, channel block), the same scan over the sequence's chunk
+   maps, ``NC`` chunks a step (one step for T <= 4096), from the initial state: the
+   state entering every chunk, and the final state.
+3. ``_output``: per (chunk, channel block), the chunk's scan from its entering state,
+   written as ``o``.
+
+Backward, the same three passes run from each sequence's end (``REVERSE``): the maps
+carry ``e^{g} dh`` of a chunk's first token back to the chunk before it, starting from
+the final state's gradient, and end at the initial state's gradient; the last pass
+writes ``dx = dh`` and ``dg = dh e^{g} h_{t-1}`` with ``h_{t-1}`` read from the saved
+output. Every grid is one axis of (chunks or sequences) x channel blocks; offsets are
+64-bit (int64 token indices times D).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _library as library
+from .. import _utils
+from .._arch import COMPILE_OPTIONS
+from .._chunk import chunk_coords, chunk_span
+from .._sequence import state_slots
+from .inputs import check_hgrn_inputs, configs
+from .scan import affine_scan, backward_chunk, backward_tile, channel_block, forward_chunk, forward_tile, last_row
+
+OP = "chunk_hgrn"
+BT = 64  # chunk length
+
+
+@triton.jit
+def _chunk_of_program(cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """This program's chunk and channel block: sequence, first token, rows, slot, first channel."""
+    ND = tl.cdiv(D, BD)
+    pid = tl.program_id(0).to(tl.int64)
+    i_n, t0, eos, slot = chunk_coords(pid // ND, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
+    return i_n, t0, tl.minimum(eos - t0, BT).to(tl.int32), slot, (pid % ND) * BD
+
+
+@triton.jit
+def _summary(xs, g, A, B, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
+             REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The chunk's map ``state_out = A state_in + B`` (forward: xs = x; REVERSE: xs = do)."""
+    i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
+    cols, m_d = channel_block(d0, D, BD)
+    zero = tl.zeros([BD], dtype=tl.float32)
+    if REVERSE:
+        decay, value, _, _ = backward_tile(xs, g, t0, n_rows, d0, D, zero, BT, BD)
+        # the map ends at e^{g} dh of the chunk's first token
+        first = tl.exp(tl.load(g + t0 * D + cols, mask=m_d, other=0.0).to(tl.float32))
+    else:
+        decay, value, _, _ = forward_tile(xs, g, t0, n_rows, d0, D, zero, BT, BD)
+        first = tl.full([BD], 1.0, dtype=tl.float32)
+    tl.store(A + slot * D + cols, first * last_row(decay, BT), mask=m_d)
+    tl.store(B + slot * D + cols, first * last_row(value, BT), mask=m_d)
+
+
+@triton.jit
+def _carry(A, B, carry_in, init, final, cu_seqlens, T, D, BT: tl.constexpr, NC: tl.constexpr, BD: tl.constexpr,
+           REVERSE: tl.constexpr, USE_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Per sequence and channel block: scan the chunk maps in order (REVERSE: last chunk
+    first), ``NC`` at a time, writing the state entering each chunk and the final one."""
+    ND = tl.cdiv(D, BD)
+    pid = tl.program_id(0).to(tl.int64)
+    i_n = pid // ND
+    cols, m_d = channel_block((pid % ND) * BD, D, BD)
+    bos, eos, slot0 = chunk_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
+    n = tl.cdiv(eos - bos, BT)
+    carry = tl.zeros([BD], dtype=tl.float32)
+    if USE_INIT:
+        carry += tl.load(init + i_n * D + cols, mask=m_d, other=0.0)
+    i = tl.arange(0, NC)
+    for c0 in range(0, n, NC):
+        c = c0 + i  # position in scan order
+        chunk = n - 1 - c if REVERSE else c
+        step = -1 if REVERSE else 1
+        mask = (c < n)[:, None] & m_d[None, :]
+        rows = (slot0 + chunk)[:, None] * D + cols[None, :]
+        a = tl.load(A + rows, mask=mask, other=1.0)
+        b = tl.load(B + rows, mask=mask, other=0.0)
+        tl.store(carry_in + rows, tl.broadcast_to(carry[None, :], (NC, BD)), mask=mask & (i[:, None] == 0))
+        b = tl.where(i[:, None] == 0, b + a * carry[None, :], b)
+        _, h = affine_scan(a, b, NC, BD)
+        # each chunk's outgoing state enters the next chunk in scan order
+        tl.store(carry_in + rows + step * D, h, mask=mask & (c + 1 < n)[:, None])
+        carry = last_row(h, NC)
+    if STORE_FINAL:
+        tl.store(final + i_n * D + cols, carry, mask=m_d)
+
+
+@triton.jit
+def _output_fwd(x, g, o, carry_in, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
+                IS_VARLEN: tl.constexpr):
+    i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
+    cols, m_d = channel_block(d0, D, BD)
+    carry = tl.load(carry_in + slot * D + cols, mask=m_d, other=0.0)
+    forward_chunk(x, g, o, t0, n_rows, d0, D, carry, BT, BD)
+
+
+@triton.jit
+def _output_bwd(g, o, h0, do, dx, dg, carry_in, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
+                USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
+    cols, m_d = channel_block(d0, D, BD)
+    bos, _, _ = chunk_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
+    carry = tl.load(carry_in + slot * D + cols, mask=m_d, other=0.0)
+    backward_chunk(g, o, h0, do, dx, dg, i_n, t0, n_rows, t0 == bos, d0, D, carry, USE_H0, BT, BD)
+
+
+class _Layout:
+    """Sizes, chunk table and configs of one call."""
+
+    def __init__(self, x: torch.Tensor, cu_seqlens, offsets_host):
+        B, T, D = x.shape
+        self.N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+        self.T, self.D = T, D
+        self.cu_seqlens = cu_seqlens
+        self.varlen = offsets_host is not None
+        if self.varlen:
+            self.chunk_map = _utils.chunk_map(offsets_host, BT, x.device)
+            self.n_chunks = self.chunk_map.shape[0]
+        else:
+            self.chunk_map = None
+            self.n_chunks = B * _utils.cdiv(T, BT)
+        self.slots = state_slots(B, T, self.N, BT, self.varlen)
+        self.cfg = configs(D)
+
+    def chunk_grid(self):
+        return (self.n_chunks * _utils.cdiv(self.D, self.cfg["chunk"]["BD"]),)
+
+    def chunk_args(self):
+        c = self.cfg["chunk"]
+        return dict(T=self.T, D=self.D, BT=BT, BD=c["BD"], IS_VARLEN=self.varlen, num_warps=c["num_warps"])
+
+
+def _scan_passes(xs, g, init, need_final, lay: _Layout, reverse: bool):
+    """Passes 1 and 2 (module docstring): the state entering every chunk, and the final one."""
+    A = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
+    B = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
+    if lay.n_chunks > 0:
+        _summary[lay.chunk_grid()](xs, g, A, B, lay.cu_seqlens, lay.chunk_map, **lay.chunk_args(), REVERSE=reverse,
+                                   **COMPILE_OPTIONS)
+    carry_in = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
+    final = _utils.empty((lay.N, lay.D), torch.float32, g.device) if need_final else None
+    c = lay.cfg["carry"]
+    _carry[(lay.N * _utils.cdiv(lay.D, c["BD"]),)](
+        A, B, carry_in, init, final, lay.cu_seqlens, lay.T, lay.D, BT=BT, NC=c["NC"], BD=c["BD"],
+        REVERSE=reverse, USE_INIT=init is not None, STORE_FINAL=need_final, IS_VARLEN=lay.varlen,
+        num_warps=c["num_warps"], **COMPILE_OPTIONS,
+    )
+    return carry_in, final
+
+
+def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
+             cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool,
+             *, keep, offsets):
+    """Passes 1-3 forward; the backward reads the output (``h_{t-1}``), nothing else."""
+    x, g, initial_state = _utils.contiguous(x, g, initial_state)
+    lay = _Layout(x, cu_seqlens, offsets)
+    carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, reverse=False)
+    o = _utils.empty_like(x)
+    if lay.n_chunks > 0:
+        _output_fwd[lay.chunk_grid()](x, g, o, carry_in, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
+    return (o, final_state), ()
+
+
+def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+              *, needs_grad, offsets, outputs):
+    (o, _), (do, dht) = outputs, grads
+    g, initial_state, do, dht = _utils.contiguous(g, initial_state, do, dht)
+    if do is None:  # only the final state was used
+        do = torch.zeros_like(o)
+    lay = _Layout(o, cu_seqlens, offsets)
+    need_dh0 = initial_state is not None and needs_grad["initial_state"]
+    carry_in, dh0 = _scan_passes(do, g, dht, need_dh0, lay, reverse=True)
+    dx = _utils.empty(o.shape, x.dtype, o.device)
+    dg = _utils.empty_like(g)
+    if lay.n_chunks > 0:
+        _output_bwd[lay.chunk_grid()](g, o, initial_state, do, dx, dg, carry_in, cu_seqlens, lay.chunk_map,
+                                      **lay.chunk_args(), USE_H0=initial_state is not None, **COMPILE_OPTIONS)
+    return dict(x=dx, g=dg, initial_state=dh0)
+
+
+CHUNK_HGRN = library.register(OP, _forward, _backward)
+
+
+def chunk_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | None = None,
+               output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
+               cu_seqlens_cpu: torch.Tensor | None = None):
+    """HGRN, chunked (a parallel scan over time): ``h_t = e^{g_t} ⊙ h_{t-1} + x_t``, ``o_t = h_t``.
+
+    x, g: ``[B, T, D]`` (g of any float dtype; its gradient in that dtype).
+    ``initial_state``: float32 ``[N, D]``. With ``cu_seqlens`` (``B == 1``) the N packed
+    sequences run independently; pass ``cu_seqlens_cpu`` to validate without a
+    device-to-host copy. Returns ``(o, final_state)``, ``final_state`` float32 ``[N, D]``
+    or None.
+    """
+    shapes = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
+    return CHUNK_HGRN(x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+                      offsets=shapes.offsets_host)

@@ -1,0 +1,49 @@
+"""Argument checks and launch configs shared by HGRN's chunked and fused-recurrent ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import _arch, _utils
+from .. import _validate as val
+
+
+@dataclass
+class HGRNInputs:
+    B: int
+    T: int
+    D: int
+    N: int  # number of sequences: B, or len(cu_seqlens) - 1
+    offsets_host: torch.Tensor | None
+
+
+def check_hgrn_inputs(op: str, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu) -> HGRNInputs:
+    """x, g ``[B, T, D]`` (g of any float dtype), initial_state float32 ``[N, D]`` (OPS.md)."""
+    val.check_tensor(op, "x", x)
+    val.check_tensor(op, "g", g)
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"{op}: `output_final_state` must be a bool, got {type(output_final_state).__name__}")
+    device = val.check_devices(op, x=x, g=g, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    val.check_ndim(op, "x", x, 3, "[B, T, D]")
+    B, T, D = x.shape
+    val.check_shape(op, "g", g, (B, T, D), "[B, T, D]")
+    offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
+    N = B if offsets_host is None else offsets_host.numel() - 1
+    val.check_initial_state(op, initial_state, (N, D), "[N, D]")
+    return HGRNInputs(B, T, D, N, offsets_host)
+
+
+def configs(D: int) -> dict:
+    """Tiles of ``[BT, BD]`` tokens x channels. The scans stage a tile's two fp32 operands
+    through shared memory: 128 channels (64 KB at BT = 64) where the target has 100 KB or
+    more, 64 on sm75. The fused kernel takes narrower blocks so that more programs share
+    the GPU (one per sequence and block walks the whole sequence)."""
+    wide = 128 if _arch.shared_memory_limit() >= 100_000 else 64
+    BD = min(wide, _utils.block_size(D, 16))
+    return {
+        "chunk": dict(BD=BD, num_warps=4),
+        "carry": dict(BD=min(64, BD), NC=64, num_warps=4),
+        "fused": dict(BD=min(32, BD), num_warps=2),
+    }

@@ -1,0 +1,44 @@
+"""Where the numeric checks run, and which dtypes can be checked there.
+
+On a GPU the checks run on the current CUDA device; on a machine without one (or with
+``TRITON_INTERPRET=1``) they run on the CPU under Triton's interpreter, at the cases'
+small sizes. Some dtypes cannot be checked in one of those places; ``dtype_skip_reason``
+says which and why (the CI policy).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def is_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def numeric_device():
+    """The device the numeric checks run on: the GPU, or the CPU under the interpreter."""
+    import torch
+
+    if not is_interpreter() and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def dtype_skip_reason(dtype: str, device) -> str | None:
+    """Why ``dtype`` is not checked on ``device`` (None when it is):
+
+    * on the CPU, what Triton's interpreter cannot check (``pytest_fla.toolchain``: bf16
+      ``tl.dot``, measured wrong on every Triton from 3.6 to 3.9);
+    * fp16 on the GPU: the CPU job checks it, and the GPU run spends its time on bf16
+      and fp32.
+    """
+    import torch
+
+    kind = torch.device(device).type
+    if kind == "cpu":
+        from .toolchain import interpreter_skip_reason
+
+        return interpreter_skip_reason(dtype)
+    if kind == "cuda" and dtype == "fp16":
+        return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
+    return None

@@ -1,0 +1,318 @@
+"""Checks that every op works under ``torch.compile``, written once over all op specs,
+and the tests that run them over the session's specs (``from pytest_fla.torch_compile_checks
+import *`` in a test module, like :mod:`pytest_fla.conformance`).
+
+* ``check_opcheck``: ``torch.library.opcheck`` on every custom op a call of the spec's op
+  goes through (``kernels/_library.py``): the forward op with gradients wanted (its
+  autograd rule, hence the backward op, included) and the backward op on its own.
+* ``check_compiled_matches_eager``: ``torch.compile(fullgraph=True, dynamic=True)``
+  around the op, at two sequence lengths (or two packings of ``cu_seqlens``), compiles
+  once and gives the eager outputs and gradients (bit for bit where the graph holds the
+  custom ops alone: they run the same launches).
+* ``check_cuda_graphs``: under ``mode="reduce-overhead"`` (CUDA graphs), outputs of two
+  calls alive at once are each right, over the calls that warm up, record and replay, and
+  an eager call afterwards still matches (no cache the kernels keep was captured into a
+  graph's memory).
+
+Cases are the spec's first case, at its CPU sizes under the interpreter (T cut to a few
+tokens where the case is longer: every check runs the op several times) and at its GPU
+sizes on a GPU. Under the interpreter inductor compiles the graph for the CPU, and the
+custom ops in it run the kernels in the interpreter as in eager mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+
+from .checks import cotangents, differentiable, run_with_grads, seed_for
+from .registry import over_specs, spec_param
+from .spec import Case, OpSpec, Sample
+from .tolerance import assert_close
+
+__all__ = [
+    "test_opcheck",
+    "test_opcheck_varlen",
+    "test_compiled_matches_eager",
+    "test_compiled_matches_eager_varlen",
+    "test_cuda_graphs",
+]
+
+# Interpreter runs: one batch row of at most this many tokens (two lengths: this and
+# 3/4 of it). opcheck alone runs the op about ten times, forward and backward.
+CPU_MAX_T = 6
+
+
+def _with_length(case: Case, T: int) -> Case:
+    """``case`` with sequence length T on every device."""
+    gpu_dims = None if case.gpu_dims is None else {**case.gpu_dims, "T": T}
+    return dataclasses.replace(case, dims={**case.dims, "T": T}, gpu_dims=gpu_dims)
+
+
+def _case(spec: OpSpec, device) -> Case:
+    case = spec.cases[0]
+    if torch.device(device).type != "cuda":
+        if case.dims.get("T", 0) > CPU_MAX_T:
+            case = _with_length(case, CPU_MAX_T)
+        if case.dims.get("B", 1) > 1:
+            case = case.with_dims(B=1)
+    return case
+
+
+def _lengths(case: Case, device) -> tuple[int, int]:
+    """Two sequence lengths for one compiled graph (above 1, which dynamo specialises)."""
+    T = case.dims_for(torch.device(device))["T"]
+    return T, max(2, T * 3 // 4 + 1)
+
+
+# ----------------------------------------------------------------------------- opcheck
+
+
+@contextlib.contextmanager
+def recorded_calls():
+    """Every ``LaunchOp`` call made meanwhile, as ``(op, args, keep)``."""
+    from kernels import _library
+
+    calls = []
+    original = _library.LaunchOp.__call__
+
+    def recording(self, *args, offsets=None):
+        tensors = [args[i] for i in self._tensor_index]
+        keep = self.backward is not None and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in tensors)
+        calls.append((self, args, keep))
+        return original(self, *args, offsets=offsets)
+
+    _library.LaunchOp.__call__ = recording
+    try:
+        yield calls
+    finally:
+        _library.LaunchOp.__call__ = original
+
+
+def _detached(args) -> tuple:
+    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
+    """opcheck every custom op one call of ``spec``'s op reaches (each op once); returns
+    their names."""
+    from kernels import _library
+
+    sample = spec.sample(_case(spec, device), "fp32", device, seed, lengths=lengths)
+    names = differentiable(spec, sample)
+    with recorded_calls() as calls:
+        run_with_grads(spec.op_fn, sample, names, seed=seed)
+    if not calls:
+        if getattr(spec.op_fn, "__module__", "").split(".")[0] == "kernels":
+            raise AssertionError(f"{spec.name}: the op made no call through kernels._library "
+                                 "(not registered as a custom op: kernels/README.md, torch.compile)")
+        pytest.skip(f"{spec.name}: not this repository's op; opcheck covers the ops of kernels._library")
+    checked = []
+    for op, args, keep in calls:
+        forward, backward = op.custom_ops(args)
+        if str(forward._opoverload) in checked:
+            continue
+        args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
+        torch.library.opcheck(forward, (*args, keep))
+        checked.append(str(forward._opoverload))
+        if backward is None or not keep:
+            continue
+        plain = _detached(args)
+        flat = [t.detach() for t in forward(*plain, True)]
+        outputs = _library._from_list(flat[: op.n_outputs])
+        saved = list(_library._from_list(flat[op.n_outputs:]))
+        grads = cotangents(outputs, seed)
+        needs_grad = [isinstance(args[i], torch.Tensor) and args[i].requires_grad for i in op._tensor_index]
+        kept_outputs = [t for t in outputs] if op.backward_reads_outputs else []
+        torch.library.opcheck(backward, (grads, saved, kept_outputs, *plain, needs_grad))
+        checked.append(str(backward._opoverload))
+    return checked
+
+
+# ----------------------------------------------------------------------------- compiled == eager
+
+
+class CountingBackend:
+    """Inductor, counting the graphs it is asked to compile (one per dynamo compile)."""
+
+    def __init__(self, backend: str = "inductor"):
+        self.backend = backend
+        self.compiles = 0
+
+    def __call__(self, gm, example_inputs):
+        self.compiles += 1
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(self.backend)(gm, example_inputs)
+
+
+def _compiled_call(spec: OpSpec, static: dict, backend, **options):
+    """``torch.compile`` of a fresh function calling ``spec``'s op with ``static`` (the
+    sample's non-tensor arguments, constant for the graph) and the tensors it is given."""
+    op = spec.op_fn
+
+    def call(**tensors):
+        return op(**tensors, **static)
+
+    return torch.compile(call, backend=backend, **options)
+
+
+def _split(sample: Sample) -> tuple[dict, dict]:
+    tensors = {k: v for k, v in sample.kwargs.items() if isinstance(v, torch.Tensor)}
+    static = {k: v for k, v in sample.kwargs.items() if not isinstance(v, torch.Tensor)}
+    return tensors, static
+
+
+def _assert_equal(what: str, compiled, eager) -> None:
+    """Bit for bit where the graph holds the ops alone; where inductor also computes
+    around them (a layer's projections, a decay vector), within the fp32 agreement
+    tolerance of the eager result."""
+    if compiled is None or eager is None:
+        assert compiled is None and eager is None, f"{what}: one of compiled and eager is None"
+        return
+    assert compiled.shape == eager.shape and compiled.dtype == eager.dtype, (
+        f"{what}: compiled gives {compiled.dtype}{list(compiled.shape)}, eager {eager.dtype}{list(eager.shape)}")
+    if not torch.equal(compiled, eager):
+        assert_close(f"{what} (compiled vs eager)", compiled, eager.double(), "fp32", "agreement")
+
+
+def _compare_runs(spec: OpSpec, label: str, compiled_fn, sample: Sample, seed: int) -> None:
+    names = differentiable(spec, sample)
+    tensors, _ = _split(sample)
+    out_c, grads_c, upstream = run_with_grads(compiled_fn, Sample(tensors), names, seed=seed)
+    out_e, grads_e, _ = run_with_grads(spec.op_fn, sample, names, upstream)
+    for name, c, e in zip(spec.outputs, out_c, out_e):
+        _assert_equal(f"{spec.name} [{label}] {name}", c, e)
+    for name in names:
+        _assert_equal(f"{spec.name} [{label}] d{name}", grads_c[name], grads_e[name])
+
+
+def check_compiled_matches_eager(spec: OpSpec, device, seed: int, backend: str = "inductor",
+                                 packings=None) -> None:
+    """``torch.compile(fullgraph=True, dynamic=True)``: two lengths (``packings``: two
+    tuples of sequence lengths for ``cu_seqlens``), one compile, eager's outputs and
+    gradients exactly."""
+    torch._dynamo.reset()
+    case = _case(spec, device)
+    if packings is None:
+        samples = [(f"T={T}", spec.sample(_with_length(case, T), "fp32", device, seed))
+                   for T in _lengths(case, device)]
+    else:
+        samples = [(f"lengths={lengths}", spec.sample(case, "fp32", device, seed, lengths=lengths))
+                   for lengths in packings]
+    counter = CountingBackend(backend)
+    compiled = None
+    for label, sample in samples:
+        _, static = _split(sample)
+        if compiled is None:
+            compiled = _compiled_call(spec, static, counter, fullgraph=True, dynamic=True)
+        _compare_runs(spec, label, compiled, sample, seed)
+    assert counter.compiles == 1, (
+        f"{spec.name}: {counter.compiles} compiles for {[label for label, _ in samples]}; the second length "
+        "should reuse the first graph (a guard on a size, or a graph break: TORCH_LOGS=recompiles,graph_breaks)")
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+
+
+def _clear_device_caches() -> None:
+    try:
+        from kernels._utils import clear_device_caches
+    except ImportError:  # another implementation's specs
+        return
+    clear_device_caches()
+
+
+def check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int = 3) -> None:
+    """``mode="reduce-overhead"``: two calls' outputs alive together are both right, in
+    every round (warm-up, recording, replay), with their gradients; an eager call after
+    them matches the eager call before them."""
+    torch._dynamo.reset()
+    case = _case(spec, device)
+    first = spec.sample(case, "fp32", device, seed)
+    second = spec.sample(case, "fp32", device, seed + 1)
+    names = differentiable(spec, first)
+    _, static = _split(first)
+    compiled = _compiled_call(spec, static, "inductor", mode="reduce-overhead")
+    before = run_with_grads(spec.op_fn, first, names, seed=seed)
+    _clear_device_caches()  # the compiled calls fill them: inside graphs, were any captured
+    for round_ in range(rounds):
+        results = []
+        for sample in (first, second):
+            leaves = {n: sample.kwargs[n].detach().clone().requires_grad_(True) for n in names}
+            tensors, _ = _split(sample)
+            outputs = compiled(**{**tensors, **leaves})
+            results.append((sample, leaves, outputs if isinstance(outputs, (tuple, list)) else (outputs,)))
+        for which, (sample, leaves, outputs) in enumerate(results):
+            label = f"round {round_}, call {which + 1} of 2, read after both"
+            eager_out, eager_grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
+            for name, c, e in zip(spec.outputs, outputs, eager_out):
+                _assert_equal(f"{spec.name} [{label}] {name}", None if c is None else c.detach(), e)
+            pairs = [(o, g) for o, g in zip(outputs, upstream) if o is not None and g is not None and o.requires_grad]
+            if pairs and names:
+                grads = torch.autograd.grad([o for o, _ in pairs], [leaves[n] for n in names],
+                                            [g for _, g in pairs], allow_unused=True)
+                for name, g in zip(names, grads):
+                    _assert_equal(f"{spec.name} [{label}] d{name}", g, eager_grads[name])
+        torch.compiler.cudagraph_mark_step_begin()
+    after = run_with_grads(spec.op_fn, first, names, before[2])
+    for name, a, b in zip(spec.outputs, after[0], before[0]):
+        _assert_equal(f"{spec.name} eager after the CUDA-graph calls: {name}", a, b)
+    for name in names:
+        _assert_equal(f"{spec.name} eager after the CUDA-graph calls: d{name}", after[1][name], before[1][name])
+
+
+# ----------------------------------------------------------------------------- the tests
+
+
+def _one_per_spec(where=lambda spec: True):
+    def params(specs):
+        return [spec_param(spec) for spec in specs if where(spec)]
+
+    return params
+
+
+def _varlen(spec) -> bool:
+    return spec.varlen
+
+
+# Sequence lengths of the varlen checks: empty and one-token sequences among others; on a
+# GPU they cross the chunk edges (``c`` the spec's chunk length).
+def _packings(spec, device) -> tuple:
+    c = spec.chunk_size or 16
+    if torch.device(device).type == "cuda":
+        return (3, c + 1, 0, 2 * c), (c - 1, 1, 4, c + 5)
+    return (2, 3, 0, 1), (3, 1, 2, 2)
+
+
+@over_specs("spec", _one_per_spec())
+def test_opcheck(spec, fla_device):
+    checked = check_opcheck(spec, fla_device, seed_for("opcheck", spec.name))
+    print(", ".join(checked))
+
+
+@over_specs("spec", _one_per_spec(_varlen))
+def test_opcheck_varlen(spec, fla_device):
+    check_opcheck(spec, fla_device, seed_for("opcheck-varlen", spec.name), lengths=(2, 0, 3))
+
+
+@over_specs("spec", _one_per_spec())
+def test_compiled_matches_eager(spec, fla_device):
+    check_compiled_matches_eager(spec, fla_device, seed_for("compiled", spec.name))
+
+
+@over_specs("spec", _one_per_spec(_varlen))
+def test_compiled_matches_eager_varlen(spec, fla_device):
+    check_compiled_matches_eager(spec, fla_device, seed_for("compiled-varlen", spec.name),
+                                 packings=_packings(spec, fla_device))
+
+
+@over_specs("spec", _one_per_spec())
+def test_cuda_graphs(spec, fla_device):
+    if torch.device(fla_device).type != "cuda":
+        pytest.skip("CUDA graphs (mode='reduce-overhead') need a GPU")
+    check_cuda_graphs(spec, fla_device, seed_for("cudagraphs", spec.name))

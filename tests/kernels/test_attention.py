@@ -1,0 +1,81 @@
+"""parallel_attn beyond the generic checks: many packed sequences (80,000 of 16 tokens,
+which overflowed a grid axis elsewhere) and the configs every target arch gets.
+
+On a GPU the packed batch runs and its first and last sequences are compared with the
+float64 reference; in a compile-only session its launches are captured (nothing runs) and
+their grids checked against CUDA's limits; under the interpreter, which would run the
+80,000 programs one by one, the launch table is checked instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+from kernels import parallel_attn
+from kernels import _arch
+from kernels.attention.parallel import _blocks_grid, attention_configs
+from pytest_fla.capture import MAX_GRID, capture_launches
+from pytest_fla.checks import numeric_device
+from pytest_fla.tolerance import assert_close
+
+N_SEQUENCES, LENGTH = 80_000, 16
+
+
+def _packed(device, H, HKV, D, draw=True, dtype=torch.bfloat16):
+    T = N_SEQUENCES * LENGTH
+    make = (lambda *shape: torch.randn(shape, device=device).to(dtype)) if draw else (
+        lambda *shape: torch.empty(shape, device=device, dtype=dtype))
+    cu_seqlens = torch.arange(0, T + 1, LENGTH, dtype=torch.int32)
+    return make(1, T, H, D), make(1, T, HKV, D), make(1, T, HKV, D), cu_seqlens
+
+
+def test_80000_short_sequences_launch():
+    device = numeric_device()
+    if _arch.is_interpreter():
+        # the interpreter would run 80,000 programs one by one: check the launch table instead
+        T = N_SEQUENCES * LENGTH
+        cu_seqlens = torch.arange(0, T + 1, LENGTH, dtype=torch.int64)
+        for block in (16, 64, 128):
+            rows, table = _blocks_grid(1, T, cu_seqlens, block, "cpu")
+            assert rows == N_SEQUENCES and table.shape == (N_SEQUENCES, 2)
+            assert table[-1].tolist() == [N_SEQUENCES - 1, 0]
+        return
+    if device.type != "cuda":
+        # captured, never run: the values do not matter, the sizes are kept small
+        q, k, v, cu_seqlens = _packed("cpu", 1, 1, 16, draw=False)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        with capture_launches(90) as recorder:
+            o = parallel_attn(q, k, v, cu_seqlens=cu_seqlens)
+            o.backward(torch.ones_like(o))
+        assert len(recorder.launches) == 4
+        for launch in recorder.launches:
+            assert all(size <= cap for size, cap in zip(launch.grid, MAX_GRID)), (launch.name, launch.grid)
+        assert max(launch.grid[0] for launch in recorder.launches) >= N_SEQUENCES
+        return
+    torch.manual_seed(0)
+    q, k, v, cu_seqlens = _packed(device, 4, 2, 64)
+    o = parallel_attn(q, k, v, cu_seqlens=cu_seqlens.to(device), cu_seqlens_cpu=cu_seqlens)
+    for n in (0, N_SEQUENCES - 1):
+        rows = slice(n * LENGTH, (n + 1) * LENGTH)
+        ref = reference.attention(q[:, rows], k[:, rows], v[:, rows])
+        assert_close(f"parallel_attn[sequence {n} of {N_SEQUENCES}]", o[:, rows], ref, "bf16")
+
+
+@pytest.mark.parametrize("arch", _arch.KNOWN_ARCHS)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_configs_per_arch(monkeypatch, arch, D, dtype):
+    """Every target gets blocks that the segment arithmetic assumes (BN divides BM in the
+    forward and dq kernels, BM divides BN in dk/dv), or a clear NotImplementedError."""
+    monkeypatch.setenv("FLA_TARGET_ARCH", f"sm{arch}")
+    if arch < 80:
+        with pytest.raises(NotImplementedError, match="sm80"):
+            attention_configs(D, D, dtype)
+        return
+    cfg = attention_configs(D, D, dtype)
+    assert cfg.fwd.BM % cfg.fwd.BN == 0 and cfg.dq.BM % cfg.dq.BN == 0 and cfg.dkdv.BN % cfg.dkdv.BM == 0
+    for blocks in (cfg.fwd, cfg.dkdv, cfg.dq):
+        assert min(blocks.BM, blocks.BN) >= 16  # tl.dot's smallest tile

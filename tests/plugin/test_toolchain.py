@@ -1,0 +1,60 @@
+"""The toolchain facts: the tested range is read from pyproject.toml, the header says
+whether the installed versions lie in it, and the interpreter's dtype policy matches
+what the installed Triton's interpreter actually computes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from packaging.specifiers import SpecifierSet
+
+from pytest_fla import toolchain
+
+
+def test_tested_ranges_come_from_pyproject():
+    ranges = toolchain.tested_ranges()
+    assert set(ranges) == {"torch", "triton"}
+    assert toolchain.in_range("3.6.0", ranges["triton"]) and toolchain.in_range("3.9.0", ranges["triton"])
+    assert not toolchain.in_range("3.5.0", ranges["triton"])
+
+
+def test_header_names_versions_and_flags_one_outside_the_range(monkeypatch):
+    monkeypatch.setattr(toolchain, "tested_ranges", lambda: {"triton": SpecifierSet(">=3.6,<3.10"),
+                                                             "torch": SpecifierSet(">=2.11,<2.14")})
+    monkeypatch.setattr(toolchain, "installed_version", {"triton": "3.10.0", "torch": "2.13.0+cpu"}.get)
+    line = toolchain.header_line()
+    assert "Triton 3.10.0 (OUTSIDE the tested range >=3.6,<3.10)" in line
+    assert "torch 2.13.0+cpu (tested: >=2.11,<2.14)" in line
+
+
+BF16_DOT = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def dot(a, b, c):
+        r = tl.arange(0, 16)
+        tile = r[:, None] * 16 + r[None, :]
+        tl.store(c + tile, tl.dot(tl.load(a + tile), tl.load(b + tile)))
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 16).bfloat16(), torch.randn(16, 16).bfloat16()
+    c = torch.zeros(16, 16)
+    dot[(1,)](a, b, c)
+    print("right" if torch.allclose(c, a.float() @ b.float(), rtol=1e-3, atol=1e-3) else "wrong")
+""")
+
+
+def test_interpreter_bf16_policy_matches_the_interpreter():
+    """bf16 is skipped under the interpreter exactly while its tl.dot is wrong."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", BF16_DOT], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    verdict = run.stdout.split()[-1]
+    skipped = toolchain.interpreter_skip_reason("bf16") is not None
+    assert skipped == (verdict == "wrong"), (
+        f"the installed Triton's interpreter computes a bf16 tl.dot {verdict}ly, "
+        f"but bf16 is {'skipped' if skipped else 'checked'} under it: update toolchain.interpreter_skip_reason"
+    )
