@@ -73,7 +73,7 @@ case "$part" in
     ( timeout "${FLA_DIAGNOSE_TIMEOUT:-300}" python3 benchmarks/gpu_diagnose.py > "$LOGS/diagnose.log" 2>&1 ) &
     [ "${FLA_EMULATED:-1}" = 1 ] && ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
         --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
-    FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
+    FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout -s INT -k 30 "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
       -n "${FLA_WORKERS:-6}" -v -rs -p no:cacheprovider --durations=15 --fla-report="$LOGS/report.json" "$@" > "$LOGS/tests.log" 2>&1
     echo "conformance exit $?" >> "$LOGS/tests.log"
     wait
