@@ -175,6 +175,23 @@ def compile_launch(launch: Launch, arch: int):
     return _compiled[key]
 
 
+def compile_error_text(error: Exception, context_lines: int = 4) -> str:
+    """A compiler error on a few lines: its position, the source lines before the caret, and
+    the error that caused it (Triton's ``CompilationError`` keeps the real message, such as
+    ``Inconsistent return types``, in ``__cause__``; its first line alone says only "at 12:16")."""
+    lines = [line.rstrip() for line in str(error).strip().splitlines() if line.strip()]
+    text = f"{type(error).__name__}: " + (lines[0] if lines else "")
+    if len(lines) > 1:
+        text += "\n" + "\n".join("      " + line for line in lines[1:][-context_lines:])
+    cause = error.__cause__
+    while cause is not None and cause.__cause__ is not None:  # the innermost is the real one
+        cause = cause.__cause__
+    if cause is not None:
+        inner = [line.rstrip() for line in str(cause).strip().splitlines() if line.strip()]
+        text += f"\n      caused by {type(cause).__name__}: " + "\n      ".join(inner[-context_lines - 1:])
+    return text
+
+
 def check_launches(launches: list[Launch], arch: int) -> CompileResult:
     """Compile every distinct launch for ``arch`` and check it against the arch's limits."""
     limit = SHARED_MEMORY_LIMIT[arch]
@@ -190,8 +207,7 @@ def check_launches(launches: list[Launch], arch: int) -> CompileResult:
         seen.add(key)
         compiled = compile_launch(launch, arch)
         if isinstance(compiled, Exception):
-            first_line = (str(compiled).strip().splitlines() or [""])[0]
-            result.problems.append(Problem(launch, f"does not compile: {type(compiled).__name__}: {first_line}"))
+            result.problems.append(Problem(launch, f"does not compile: {compile_error_text(compiled)}"))
             continue
         result.compiled += 1
         shared = compiled.metadata.shared

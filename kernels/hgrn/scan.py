@@ -37,7 +37,7 @@ def affine_scan(a, b, BT: tl.constexpr, BD: tl.constexpr):
     """
     rows = tl.arange(0, BT)[:, None]
     for level in tl.static_range(BT.bit_length() - 1):
-        s: tl.constexpr = 1 << level
+        s = 1 << level  # static_range makes it a constant; a constexpr annotation cannot be re-bound per level
         right = (rows >> level) % 2 == 1
         sibling_last = tl.broadcast_to((rows // (2 * s)) * (2 * s) + (s - 1), (BT, BD))
         a_left = tl.gather(a, sibling_last, axis=0)

@@ -66,3 +66,23 @@ def test_shared_memory_overflow_fails_sm86_only(project):
     assert "runs kernels; sm90 is compile-only here" in reasons[("copy", "forward", "sm90")]
     assert reasons[("hungry_matmul", "compile", "sm90")] is None
     assert all(t["process_seconds"] is None for t in report["tests"])  # nothing ran isolated
+
+
+def test_compile_error_text_names_the_innermost_cause():
+    """Triton wraps the real error in a CompilationError per inlined function; the problem
+    line must reach it (the first line alone, "at 12:16:", says nothing)."""
+    from pytest_fla.capture import compile_error_text
+
+    try:
+        try:
+            try:
+                raise ValueError("s is already defined. constexpr cannot be reassigned.")
+            except ValueError as e:
+                raise RuntimeError("at 9:24:\n    s: tl.constexpr = 1 << level\n    ^") from e
+        except RuntimeError as e:
+            raise RuntimeError("at 12:16:\n    carry = backward_chunk(...)\n    ^") from e
+    except RuntimeError as outer:
+        text = compile_error_text(outer)
+    assert text.startswith("RuntimeError: at 12:16:")
+    assert "backward_chunk" in text
+    assert "constexpr cannot be reassigned" in text
