@@ -1,140 +1,314 @@
-"""Forward time of chunk_gla and chunk_gated_delta_rule per kernel config, on one GPU.
+"""Kernel variants timed side by side on one GPU: the configs (block sizes, warps, stages,
+structure switches) of the slow kernels, and the kernels as they were (a baseline tree).
 
-    python benchmarks/config_sweep.py [--jobs 8] [--phase compile|time|all] [--out FILE]
+    python benchmarks/config_sweep.py [--ops chunk_gla,causal_conv1d] [--jobs 16] [--phase compile|time|all]
+                                      [--baseline .carry/baseline] [--profile] [--out FILE]
 
-Each variant overrides one kernel's config (block sizes, warps, stages) and leaves the
-others at the chosen defaults; ``default`` is the config the op picks today. Variants are
-compiled first in parallel processes (into the shared Triton cache), then timed one at a
-time in this process on the idle GPU, at the benchmark size (B=4 T=4096 H=16 K=V=128,
-bf16). A variant that fails to compile or run is reported with its error.
+Each variant overrides one kernel's config and leaves the others at the op's defaults;
+``default`` is what the op picks today; ``baseline`` is the same op imported from another
+tree (``--baseline DIR``: a ``kernels/`` package there, e.g. ``git archive main kernels |
+tar -x -C DIR``), so old and new kernels are timed in the same run. Sizes and inputs are
+the fair bench's (``bench.py``): B=4 T=4096 H=16 K=V=128 bf16, conv B=8 T=4096 D=4096 W=4.
+
+Variants compile first, in parallel processes (one per op and variant, into the shared
+Triton cache); then each op's variants are timed one after another in one fresh process
+per op (the baseline in its own) on the idle GPU, forward and forward+backward, as the
+median of ``--rounds`` rounds that each time every variant once. ``--profile`` adds, for
+the default and the baseline, each kernel's share of a call (torch.profiler). A variant
+that fails to compile or run is reported with its error. The table is printed last.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-import torch.nn.functional as F
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-SIZE = dict(B=4, T=4096, H=16, K=128, V=128)
+def _gla(**over):
+    """Override chunk_gla's per-kernel configs (``output``: a whole config, it is None by default)."""
+    def merged(name, cfg):
+        if name not in over:
+            return cfg
+        return {**cfg, **over[name]} if cfg else over[name]
+    return ("kernels.gla.chunk", "_configs", lambda base: lambda *a: {n: merged(n, c) for n, c in base(*a).items()})
 
-GLA_VARIANTS = {
-    "default": {},
-    "intra 4 warps": {"intra": {"num_warps": 4}},
-    "intra BK 32": {"intra": {"BK": 32}},
-    "intra BK 128": {"intra": {"BK": 128}},
-    "intra 2 stages": {"intra": {"num_stages": 2}},
-    "state BV 32": {"state": {"BV": 32}},
-    "state BV 32, 4 warps": {"state": {"BV": 32, "num_warps": 4}},
-    "state BV 128": {"state": {"BV": 128}},
-    "state 4 warps": {"state": {"num_warps": 4}},
-    "state 2 stages": {"state": {"num_stages": 2}},
-    "state 1 stage": {"state": {"num_stages": 1}},
+
+def _gdr(**over):
+    import dataclasses
+    return ("kernels.delta_rule.chunk", "choose_configs", lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+
+
+def _recurrent(fwd=None, bwd=None):
+    """Override the fused-recurrent configs: (BV, num_warps) forward and/or backward."""
+    def wrap(base):
+        def configs(K, V, backward):
+            cfg = base(K, V, backward)
+            pick = bwd if backward else fwd
+            return cfg if pick is None else {**cfg, "BV": pick[0], "num_warps": pick[1]}
+        return configs
+    return ("kernels.gated_recurrent.fused_recurrent", "_configs", wrap)
+
+
+def _conv(fwd=None, bwd=None):
+    """Override the conv configs: (ROWS, AHEAD, channels a thread, num_warps)."""
+    def as_config(rows, ahead, per_thread, warps):
+        return lambda D, *rest: (rows, ahead, min(per_thread * 32 * warps, 1 << (D - 1).bit_length()), warps)
+    patches = []
+    if fwd:
+        patches.append(("kernels.conv", "_fwd_config", lambda base: as_config(*fwd)))
+    if bwd:
+        patches.append(("kernels.conv", "_bwd_config", lambda base: as_config(*bwd)))
+    return patches
+
+
+# op -> {variant: patch or list of patches}; a patch is (module, attribute, base -> replacement)
+VARIANTS = {
+    "chunk_gla": {
+        "default": [],
+        "output split, BK 128 BV 64, 4 warps 2 stages": _gla(output=dict(BK=128, BV=64, num_warps=4, num_stages=2)),
+        "output split, BK 64 BV 64, 4 warps 3 stages": _gla(output=dict(BK=64, BV=64, num_warps=4, num_stages=3)),
+        "output split, BK 128 BV 128, 8 warps 2 stages": _gla(output=dict(BK=128, BV=128, num_warps=8, num_stages=2)),
+        "intra 16 warps": _gla(intra={"num_warps": 16}),
+        "intra 4 warps": _gla(intra={"num_warps": 4}),
+        "intra BK 64": _gla(intra={"BK": 64}),
+        "state 4 warps": _gla(state={"num_warps": 4}),
+        "state BV 32, 4 warps": _gla(state={"BV": 32, "num_warps": 4}),
+        "state 2 stages": _gla(state={"num_stages": 2}),
+        "qkg BV 32": _gla(qkg={"BV": 32}),
+        "qkg BK 32": _gla(qkg={"BK": 32}),
+    },
+    "fused_recurrent_gla": {
+        "default": [],
+        "fwd BV 16, 1 warp": _recurrent(fwd=(16, 1)),
+        "fwd BV 16, 2 warps": _recurrent(fwd=(16, 2)),
+        "fwd BV 32, 2 warps": _recurrent(fwd=(32, 2)),
+        "fwd BV 32, 4 warps": _recurrent(fwd=(32, 4)),
+        "fwd BV 64, 8 warps": _recurrent(fwd=(64, 8)),
+        "bwd BV 32, 8 warps (before)": _recurrent(bwd=(32, 8)),
+        "bwd BV 16, 2 warps": _recurrent(bwd=(16, 2)),
+        "bwd BV 16, 4 warps": _recurrent(bwd=(16, 4)),
+        "bwd BV 32, 4 warps": _recurrent(bwd=(32, 4)),
+        "bwd BV 128, 8 warps": _recurrent(bwd=(128, 8)),
+    },
+    "causal_conv1d": {
+        "default": [],
+        "fwd 8 a thread": _conv(fwd=(64, 4, 8, 4)),
+        "fwd ahead 8": _conv(fwd=(64, 8, 4, 4)),
+        "fwd 8 a thread, ahead 8": _conv(fwd=(64, 8, 8, 4)),
+        "fwd 128 rows, ahead 8": _conv(fwd=(128, 8, 4, 4)),
+        "fwd 8 warps": _conv(fwd=(64, 4, 4, 8)),
+        "fwd 2 a thread, ahead 8": _conv(fwd=(64, 8, 2, 4)),
+        "bwd 8 a thread": _conv(bwd=(128, 4, 8, 4)),
+        "bwd ahead 8": _conv(bwd=(128, 8, 4, 4)),
+        "bwd 256 rows, ahead 8": _conv(bwd=(256, 8, 4, 4)),
+    },
+    "chunk_gated_delta_rule": {
+        "default": [],
+        "state BV 32": _gdr(state_BV=32),
+        "output BK 128": _gdr(output_BK=128),
+    },
 }
-GDR_VARIANTS = {
-    "default": {},
-    "prepare 8 warps": {"prepare_warps": 8},
-    "prepare 1 stage": {"prepare_stages": 1},
-    "state BV 32": {"state_BV": 32},
-    "state 8 warps": {"state_warps": 8},
-    "state 1 stage": {"state_stages": 1},
-    "state 3 stages": {"state_stages": 3},
-    "output BV 64": {"output_BV": 64},
-    "output 8 warps": {"output_warps": 8},
-    "output 3 stages": {"output_stages": 3},
-    "output BK 128": {"output_BK": 128},
-}
+VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
 
 
-def patch(op: str, over: dict):
-    """Make the op pick its default config with ``over`` applied."""
-    if op == "chunk_gla":
-        import kernels.gla.chunk as mod
-        base = mod._configs
-        mod._configs = lambda *a: {name: {**cfg, **over.get(name, {})} for name, cfg in base(*a).items()}
-    else:
-        import kernels.delta_rule.chunk as mod
-        base = mod.choose_configs
-        mod.choose_configs = lambda *a, **k: dataclasses.replace(base(*a, **k), **over)
+def _patches(patch) -> list:
+    return patch if isinstance(patch, list) else [patch]
 
 
-def inputs(op: str):
-    B, T, H, K, V = (SIZE[d] for d in "BTHKV")
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen).to(torch.bfloat16)
-    q, v = r(B, T, H, K), r(B, T, H, V)
-    if op == "chunk_gla":
-        g = (F.logsigmoid(torch.randn(B, T, H, K, device="cuda", generator=gen)) / 16).to(torch.bfloat16)
-        return dict(q=q, k=r(B, T, H, K), v=v, g=g)
-    k = F.normalize(torch.randn(B, T, H, K, device="cuda", generator=gen), dim=-1).to(torch.bfloat16)
-    g = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=gen)).to(torch.bfloat16)
-    beta = torch.rand(B, T, H, device="cuda", generator=gen).to(torch.bfloat16)
-    return dict(q=q, k=k, v=v, g=g, beta=beta)
+def apply(op: str, label: str) -> list:
+    """Apply a variant's patches; returns what undoes them."""
+    import importlib
+
+    undo = []
+    for module, attr, wrap in _patches(VARIANTS[op][label]):
+        mod = importlib.import_module(module)
+        base = getattr(mod, attr)
+        undo.append((mod, attr, base))
+        setattr(mod, attr, wrap(base))
+    return undo
 
 
-def run_one(op: str, over: dict, time_it: bool):
-    import kernels
-    patch(op, over)
-    fn = getattr(kernels, op)
-    kw = inputs(op)
-    with torch.no_grad():
-        fn(**kw)
+def _bench_entry(op: str):
+    sys.path.insert(0, HERE)
+    import bench
+
+    return next(b for b in bench.BENCHES if b.name == op), bench
+
+
+def _side(op: str):
+    """The op of this tree on the bench's inputs (``bench.Side``: forward, forward+backward)."""
+    b, bench = _bench_entry(op)
+    obj = bench.resolve(b.ours)
+    return bench.Side(b.build(obj) if b.build else obj, b.call or bench.strict_call, b.inputs(), b.grads)
+
+
+def _restore(undo):
+    for mod, attr, base in undo:
+        setattr(mod, attr, base)
+
+
+def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None, profile: bool) -> dict:
+    """In this process: ``op``'s variants, each timed once per round, medians over rounds."""
+    if baseline:
+        sys.path.insert(0, HERE)
+        import bench  # noqa: F401 - puts this tree on the path first; the baseline goes before it
+        sys.path.insert(0, os.path.abspath(baseline))
+    import torch
+    from triton.testing import do_bench
+
+    results = {label: {"fwd": [], "fwd_bwd": []} for label in labels}
+    errors, sides = {}, {}
+    for label in labels:  # compile and warm each variant; host code reads the configs at each call
+        undo = [] if baseline else apply(op, label)
+        try:
+            side = _side(op)
+            side.forward()
+            side.forward_backward()
+            torch.cuda.synchronize()
+            sides[label] = side
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            errors[label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        finally:
+            _restore(undo)
+    for r in range(rounds):
+        for label in (labels if r % 2 == 0 else labels[::-1]):
+            if label not in sides:
+                continue
+            side = sides[label]
+            undo = [] if baseline else apply(op, label)
+            try:
+                results[label]["fwd"].append(do_bench(side.forward, warmup=25, rep=100, return_mode="median"))
+                results[label]["fwd_bwd"].append(do_bench(side.forward_backward, warmup=25, rep=100,
+                                                          grad_to_none=side.grad_tensors, return_mode="median"))
+            finally:
+                _restore(undo)
+    out = {}
+    for label in labels:
+        if label in errors:
+            out[label] = {"error": errors[label]}
+        elif results[label]["fwd"]:
+            out[label] = {m: statistics.median(v) for m, v in results[label].items()}
+            out[label].update({f"{m}_range": [min(v), max(v)] for m, v in results[label].items()})
+    if profile and labels[0] in sides and labels[0] in out:
+        undo = [] if baseline else apply(op, labels[0])
+        try:
+            out[labels[0]]["kernels"] = kernel_shares(sides[labels[0]])
+        finally:
+            _restore(undo)
+    return out
+
+
+def kernel_shares(side, calls: int = 5) -> dict:
+    """Per mode: each GPU kernel's time per call in ms (torch.profiler), largest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    shares = {}
+    for mode, fn in (("fwd", side.forward), ("fwd_bwd", side.forward_backward)):
+        fn()
         torch.cuda.synchronize()
-        if not time_it:
-            return None
-        from triton.testing import do_bench
-        return do_bench(lambda: fn(**kw), warmup=50, rep=300, return_mode="median")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        rows = []
+        for event in prof.key_averages():
+            total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            if total:
+                rows.append((event.key[:60], round(total / 1e3 / calls, 4), event.count // calls))
+        shares[mode] = sorted(rows, key=lambda r: -r[1])[:10]
+    return shares
 
 
-def compile_variant(op: str, label: str, over: dict) -> str | None:
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-            f"import config_sweep; config_sweep.run_one({op!r}, {over!r}, False)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=400)
-    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+def _python(code: str, timeout: int):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _prelude() -> str:
+    return f"import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {HERE!r}); import config_sweep as s; "
+
+
+def compile_variant(op: str, label: str, baseline: str | None) -> str | None:
+    """Compile (and warm) one variant in its own process; the error's last line, or None."""
+    call = f"s.time_variants({op!r}, [{label!r}], 0, {baseline!r}, False)"
+    try:
+        r = _python(_prelude() + f"r = {call}; print(r)", 500)
+    except subprocess.TimeoutExpired:
+        return "compile timed out"
+    if r.returncode != 0:
+        return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+    return None
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", type=int, default=8)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default="chunk_gla,fused_recurrent_gla,fused_recurrent_simple_gla,causal_conv1d")
+    ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--phase", choices=("compile", "time", "all"), default="all")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="a tree holding the kernels/ package to compare with")
+    ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    todo = [("chunk_gla", label, over) for label, over in GLA_VARIANTS.items()]
-    todo += [("chunk_gated_delta_rule", label, over) for label, over in GDR_VARIANTS.items()]
-    errors = [None] * len(todo)
+    ops = args.ops.split(",")
+    baseline = args.baseline if args.baseline and os.path.isdir(os.path.join(args.baseline, "kernels")) else None
+    if args.baseline and not baseline:
+        print(f"no kernels/ under {args.baseline}: no baseline", flush=True)
     if args.phase != "time":
-        with ThreadPoolExecutor(args.jobs) as pool:
-            errors = list(pool.map(lambda t: compile_variant(*t), todo))
+        # the defaults first: the other variants share most of their kernels (Triton's
+        # cache), which processes started together would each compile again
+        first = [(op, "default", None) for op in ops] + [(op, "default", baseline) for op in ops if baseline]
+        rest = [(op, label, None) for op in ops for label in VARIANTS[op] if label != "default"]
+        for todo in (first, rest):
+            with ThreadPoolExecutor(args.jobs) as pool:
+                errors = list(pool.map(lambda t: compile_variant(*t), todo))
+            for (op, label, base), err in zip(todo, errors):
+                if err:
+                    print(f"compile {op} {'baseline' if base else label}: {err}", flush=True)
         if args.phase == "compile":
-            for (op, label, _), err in zip(todo, errors):
-                print(f"compiled {op} {label}: {err or 'ok'}")
             return
     rows = []
-    for (op, label, over), err in zip(todo, errors):
-        ms = None
-        if err is None:
-            # each variant in a fresh process: patches do not stack, a fault stays there
-            code = (f"import sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-                    f"import config_sweep; print(config_sweep.run_one({op!r}, {over!r}, True))")
-            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200)
-            if r.returncode == 0:
-                ms = float(r.stdout.strip().splitlines()[-1])
-            else:
-                err = (r.stderr.strip().splitlines() or ["?"])[-1]
-        rows.append(dict(op=op, variant=label, override=over, ms=ms, error=err))
-        print(f"{op:24s} {label:24s} " + (f"{ms:.3f} ms" if ms is not None else f"error: {err}"), flush=True)
+    for op in ops:
+        runs = [(list(VARIANTS[op]), None)] + ([(["default"], baseline)] if baseline else [])
+        for labels, base in runs:
+            code = _prelude() + f"import json; print(json.dumps(s.time_variants({op!r}, {labels!r}, {args.rounds}, {base!r}, {args.profile})))"
+            try:
+                r = _python(code, 560)
+                result = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None
+                why = None if result is not None else (r.stderr.strip().splitlines() or ["?"])[-1]
+            except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
+                result, why = None, f"{type(e).__name__}"
+            for label in labels:
+                name = "baseline" if base else label
+                got = (result or {}).get(label) or {"error": why or "not timed"}
+                rows.append({"op": op, "variant": name, **got})
+                print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(size=SIZE, device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            json.dump({"rows": rows, "command": " ".join(sys.argv)}, f, indent=1)
+    print(format_table(rows))
+
+
+def format_table(rows) -> str:
+    lines = ["| op | variant | fwd ms (min-max) | fwd+bwd ms (min-max) |", "|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['variant']} | {r['error'][:60]} | |")
+            continue
+        cells = [f"{r[m]:.3f} ({r[m + '_range'][0]:.3f}-{r[m + '_range'][1]:.3f})" for m in ("fwd", "fwd_bwd")]
+        lines.append(f"| {r['op']} | {r['variant']} | {cells[0]} | {cells[1]} |")
+    for r in rows:
+        for mode, kernels in r.get("kernels", {}).items():
+            lines.append(f"{r['op']} {r['variant']} {mode}: " + ", ".join(f"{name} {ms:.3f} ms x{n}" for name, ms, n in kernels))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/gpu_plugin_checks.sh            # every step (about 15-25 minutes)
 #   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | emulated | plain | memcheck | memcheck_module | repro
+#   FLA_SANITIZER_OPS=all bash benchmarks/gpu_plugin_checks.sh memcheck   # every op's checks under memcheck
 #
 # Each step is one pytest run, so a device whose commands are capped at 10 minutes can
 # run the steps one call at a time; timings accumulate in gpu_plugin_checks.tsv in the log folder.
@@ -14,7 +15,8 @@ PY=${PYTHON:-python3}
 LOGS=${FLA_LOG_DIR:-benchmarks}  # where the logs and the timing table go
 mkdir -p "$LOGS"
 TSV=$LOGS/gpu_plugin_checks.tsv
-OPS=${FLA_SANITIZER_OPS:-chunk_simple_gla,fused_recurrent_simple_gla}  # one op per call fits a 10-minute cap
+OPS=${FLA_SANITIZER_OPS:-chunk_simple_gla,fused_recurrent_simple_gla}  # "all": every op's checks
+[ "$OPS" = all ] && OPS_ARG=() || OPS_ARG=("--fla-ops=$OPS")
 WORKERS=${FLA_SANITIZER_WORKERS:-8}
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || echo "note: editable install failed; the pytest11 entry point must already be registered"
@@ -42,15 +44,15 @@ trap 'interrupted=1; echo "== interrupted: time limit"' INT
 want() { [ -z "$interrupted" ] && { [ "${1}" = all ] || [ "${1}" = "$2" ]; }; }
 WHAT=${1:-all}
 # Warm the per-target Triton caches first, so 'plain' and 'memcheck' time the checks, not compilation.
-want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" >/dev/null 2>&1
+want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py "${OPS_ARG[@]}" -n "$WORKERS" >/dev/null 2>&1
 want "$WHAT" faults && step faults tests/plugin -v -rs
-want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 --fla-ops=$OPS
+want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 "${OPS_ARG[@]}"
 # -v and a JSON report: every test's outcome and duration, even from a run cut short
-want "$WHAT" plain && step plain tests/test_conformance.py --fla-ops=$OPS -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
-want "$WHAT" memcheck && step memcheck tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck -n "$WORKERS" -v \
+want "$WHAT" plain && step plain tests/test_conformance.py "${OPS_ARG[@]}" -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
+want "$WHAT" memcheck && step memcheck tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck -n "$WORKERS" -v \
   --fla-report="$LOGS/report.memcheck.json"
 # the same under module batches: one sanitizer process per batch of a worker's tests
-want "$WHAT" memcheck_module && step memcheck_module tests/test_conformance.py --fla-ops=$OPS --fla-sanitizer=memcheck \
+want "$WHAT" memcheck_module && step memcheck_module tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck \
   --fla-isolate=module -n "$WORKERS" -v --fla-report="$LOGS/report.memcheck_module.json"
 want "$WHAT" repro && step repro tests/repro --fla-sanitizer=memcheck -v
 

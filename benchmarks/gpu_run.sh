@@ -2,7 +2,8 @@
 # One GPU session's work, in parts that each fit one 10-minute device command:
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU, interleaved
 #                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine)
-#   bash benchmarks/gpu_run.sh sweep      # chunk_gla / chunk_gated_delta_rule forward per config (config_sweep.py)
+#   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
+#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b to narrow it)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
 #   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
@@ -46,16 +47,15 @@ case "$part" in
     cat "$LOGS/bench.md" 2>/dev/null
     ;;
   sweep)
-    # chunk_gla conformance beside the parallel compile of the config variants, then the
-    # variants timed one at a time on the idle GPU
-    ( FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout 300 python3 -m pytest tests/test_conformance.py -n 5 -v \
-        -p no:cacheprovider -k "${FLA_SWEEP_TESTS:-chunk_gla}" > "$LOGS/tests.log" 2>&1 ) &
-    timeout 300 python3 benchmarks/config_sweep.py --phase compile --jobs 8 > "$LOGS/sweep_compile.log" 2>&1
-    wait
-    timeout "${FLA_SWEEP_TIMEOUT:-240}" python3 benchmarks/config_sweep.py --phase time --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
-    echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -20
-    tail -n 1 "$LOGS/tests.log"; grep -v ": ok" "$LOGS/sweep_compile.log" | tail -n 5
-    echo "== sweep:"; cat "$LOGS/sweep.log"
+    # The slow kernels' config variants (config_sweep.py), and the kernels as they were where
+    # a baseline tree was carried along (.carry/baseline/kernels: see config_sweep.py): all
+    # compiled in parallel first, then timed op by op on the idle GPU; per-kernel times last.
+    timeout 330 python3 benchmarks/config_sweep.py --phase compile --jobs "${FLA_SWEEP_JOBS:-16}" --baseline .carry/baseline \
+      ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} > "$LOGS/sweep_compile.log" 2>&1
+    timeout -s INT "${FLA_SWEEP_TIMEOUT:-230}" python3 benchmarks/config_sweep.py --phase time --baseline .carry/baseline --profile \
+      ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
+    echo "== compile:"; tail -n 5 "$LOGS/sweep_compile.log"
+    echo "== sweep:"; grep -v '^{' "$LOGS/sweep.log"
     ;;
   multigpu)
     # -n auto on a machine with several GPUs: one worker per GPU, each pinned to its own

@@ -91,8 +91,9 @@ def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> No
         assert_close(f"{spec.name}.{name}", o, r, dtype)
 
 
-def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> None:
-    """Gradients of every differentiable input against float64 autograd of the reference."""
+def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> list:
+    """Gradients of every differentiable input against float64 autograd of the reference.
+    Returns the op's outputs (for checks that go on with them)."""
     names = differentiable(spec, sample)
     out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
     ref_out, ref_grads, _ = run_with_grads(spec.reference_fn, sample, names, upstream, upcast=True)
@@ -100,6 +101,7 @@ def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> None:
         assert_close(f"{spec.name}.{name}", o, r, dtype)
     for name in names:
         assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], dtype, "backward")
+    return out
 
 
 def sequence_slice(spec: OpSpec, kwargs: dict, start: int, end: int, n: int) -> dict:
@@ -125,9 +127,7 @@ def check_varlen(spec: OpSpec, case: Case, packing: Packing, dtype: str, device,
     sequence's slice == the kernel run on that sequence alone."""
     sample = spec.sample(case, dtype, device, seed, lengths=packing.lengths)
     sample.kwargs["cu_seqlens"] = sample.kwargs["cu_seqlens"].to(packing.index_dtype)
-    check_backward(spec, sample, dtype, seed)
-    with torch.no_grad():
-        packed = spec.call(sample)
+    packed = check_backward(spec, sample, dtype, seed)  # its forward is the packed run (no second one)
     offsets = sample.kwargs["cu_seqlens"].tolist()
     for n in range(len(offsets) - 1):
         start, end = offsets[n], offsets[n + 1]

@@ -100,8 +100,6 @@ def _detached(args) -> tuple:
 def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
     """opcheck every custom op one call of ``spec``'s op reaches (each op once); returns
     their names."""
-    from kernels import _library
-
     sample = spec.sample(_case(spec, device), "fp32", device, seed, lengths=lengths)
     names = differentiable(spec, sample)
     with recorded_calls() as calls:
@@ -112,42 +110,63 @@ def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
                                  "(not registered as a custom op: kernels/README.md, torch.compile)")
         pytest.skip(f"{spec.name}: not this repository's op; opcheck covers the ops of kernels._library")
     checked = []
-    for op, args, keep in calls:
-        forward, backward = op.custom_ops(args)
-        if str(forward._opoverload) in checked:
-            continue
-        args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
-        torch.library.opcheck(forward, (*args, keep))
-        checked.append(str(forward._opoverload))
-        if backward is None or not keep:
-            continue
-        plain = _detached(args)
-        flat = [t.detach() for t in forward(*plain, True)]
-        outputs = _library._from_list(flat[: op.n_outputs])
-        saved = list(_library._from_list(flat[op.n_outputs:]))
-        grads = cotangents(outputs, seed)
-        needs_grad = [isinstance(args[i], torch.Tensor) and args[i].requires_grad for i in op._tensor_index]
-        kept_outputs = [t for t in outputs] if op.backward_reads_outputs else []
-        torch.library.opcheck(backward, (grads, saved, kept_outputs, *plain, needs_grad))
-        checked.append(str(backward._opoverload))
+    with _zeroed_allocations():
+        for op, args, keep in calls:
+            _opcheck_call(op, args, keep, seed, checked)
     return checked
+
+
+@contextlib.contextmanager
+def _zeroed_allocations():
+    """opcheck compares every output of two runs, the saved intermediates included, whose
+    unused slots no kernel writes: start every buffer at zero meanwhile."""
+    import kernels._utils as utils
+
+    before = utils.ZERO_ALLOCATIONS
+    utils.ZERO_ALLOCATIONS = True
+    try:
+        yield
+    finally:
+        utils.ZERO_ALLOCATIONS = before
+
+
+def _opcheck_call(op, args, keep, seed: int, checked: list) -> None:
+    """opcheck the forward op of one recorded call (with ``keep``) and its backward op;
+    appends their names to ``checked`` (an op already there is skipped)."""
+    from kernels import _library
+
+    forward, backward = op.custom_ops(args)
+    if str(forward._opoverload) in checked:
+        return
+    args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
+    torch.library.opcheck(forward, (*args, keep))
+    checked.append(str(forward._opoverload))
+    if backward is None or not keep:
+        return
+    plain = _detached(args)
+    flat = [t.detach() for t in forward(*plain, True)]
+    outputs = _library._from_list(flat[: op.n_outputs])
+    saved = list(_library._from_list(flat[op.n_outputs:]))
+    grads = cotangents(outputs, seed)
+    needs_grad = [isinstance(args[i], torch.Tensor) and args[i].requires_grad for i in op._tensor_index]
+    kept_outputs = list(outputs) if op.backward_reads_outputs else []
+    torch.library.opcheck(backward, (grads, saved, kept_outputs, *plain, needs_grad))
+    checked.append(str(backward._opoverload))
 
 
 # ----------------------------------------------------------------------------- compiled == eager
 
 
-class CountingBackend:
-    """Inductor, counting the graphs it is asked to compile (one per dynamo compile)."""
+@contextlib.contextmanager
+def counting_graphs():
+    """Yields a callable giving the number of graphs dynamo has installed meanwhile (a
+    recompile for a new length adds one; a retrace of the same frame, as for a float
+    argument dynamo first tries as a symbol, does not)."""
+    from torch._dynamo.utils import counters
 
-    def __init__(self, backend: str = "inductor"):
-        self.backend = backend
-        self.compiles = 0
-
-    def __call__(self, gm, example_inputs):
-        self.compiles += 1
-        from torch._dynamo.backends.registry import lookup_backend
-
-        return lookup_backend(self.backend)(gm, example_inputs)
+    torch._dynamo.reset()
+    counters.clear()
+    yield lambda: counters["stats"]["unique_graphs"]
 
 
 def _compiled_call(spec: OpSpec, static: dict, backend, **options):
@@ -196,7 +215,6 @@ def check_compiled_matches_eager(spec: OpSpec, device, seed: int, backend: str =
     """``torch.compile(fullgraph=True, dynamic=True)``: two lengths (``packings``: two
     tuples of sequence lengths for ``cu_seqlens``), one compile, eager's outputs and
     gradients exactly."""
-    torch._dynamo.reset()
     case = _case(spec, device)
     if packings is None:
         samples = [(f"T={T}", spec.sample(_with_length(case, T), "fp32", device, seed))
@@ -204,16 +222,16 @@ def check_compiled_matches_eager(spec: OpSpec, device, seed: int, backend: str =
     else:
         samples = [(f"lengths={lengths}", spec.sample(case, "fp32", device, seed, lengths=lengths))
                    for lengths in packings]
-    counter = CountingBackend(backend)
     compiled = None
-    for label, sample in samples:
-        _, static = _split(sample)
-        if compiled is None:
-            compiled = _compiled_call(spec, static, counter, fullgraph=True, dynamic=True)
-        _compare_runs(spec, label, compiled, sample, seed)
-    assert counter.compiles == 1, (
-        f"{spec.name}: {counter.compiles} compiles for {[label for label, _ in samples]}; the second length "
-        "should reuse the first graph (a guard on a size, or a graph break: TORCH_LOGS=recompiles,graph_breaks)")
+    with counting_graphs() as graphs:
+        for label, sample in samples:
+            _, static = _split(sample)
+            if compiled is None:
+                compiled = _compiled_call(spec, static, backend, fullgraph=True, dynamic=True)
+            _compare_runs(spec, label, compiled, sample, seed)
+        assert graphs() == 1, (
+            f"{spec.name}: {graphs()} graphs for {[label for label, _ in samples]}; the second length should "
+            "reuse the first (a guard on a size specialised it: TORCH_LOGS=recompiles)")
 
 
 # ----------------------------------------------------------------------------- CUDA graphs

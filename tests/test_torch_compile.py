@@ -3,13 +3,12 @@ ops, compiled == eager under ``fullgraph=True, dynamic=True`` at two lengths wit
 compile (varlen too), and CUDA graphs on a GPU. Ids read ``test_<check>[<op>]``.
 """
 
+import pytest
 import torch
 
-from pytest_fla.torch_compile_checks import *  # noqa: F401,F403
-from pytest_fla.torch_compile_checks import CountingBackend
 from pytest_fla.devices import numeric_device
-
-import pytest
+from pytest_fla.torch_compile_checks import *  # noqa: F401,F403
+from pytest_fla.torch_compile_checks import counting_graphs
 
 
 @pytest.mark.fla_op("fused_recurrent_delta_rule")
@@ -21,15 +20,19 @@ def test_fused_recurrent_delta_rule_dynamic_shapes():
     import kernels
 
     device = numeric_device()
-    torch._dynamo.reset()
     T, H, K, V = (256, 4, 64, 64) if device.type == "cuda" else (12, 2, 16, 16)
 
     def fn(q, k, v, beta):
         return kernels.fused_recurrent_delta_rule(q, k, v, beta, output_final_state=True)
 
-    counter = CountingBackend()
-    compiled = torch.compile(fn, dynamic=True, backend=counter)
     gen = torch.Generator().manual_seed(0)
+    with counting_graphs() as graphs:
+        compiled = torch.compile(fn, dynamic=True)
+        _two_lengths(compiled, fn, device, gen, T, H, K, V)
+        assert graphs() == 1, f"{graphs()} graphs for two lengths under dynamic=True"
+
+
+def _two_lengths(compiled, fn, device, gen, T, H, K, V):
     for length in (T, T // 2 + 3):
         q, k, v = (torch.randn(1, length, H, d, generator=gen).to(device) for d in (K, K, V))
         k = torch.nn.functional.normalize(k, dim=-1)
@@ -43,4 +46,3 @@ def test_fused_recurrent_delta_rule_dynamic_shapes():
             torch.testing.assert_close(c, e, rtol=0, atol=0)
         for g, e in zip(grads, torch.autograd.grad(eager, leaves, upstream)):
             torch.testing.assert_close(g, e, rtol=0, atol=0)
-    assert counter.compiles == 1, f"{counter.compiles} compiles for two lengths under dynamic=True"

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import _arch
-from .._chunk import chunk_span
+from .._chunk import chunk_coords, chunk_span
 from .._utils import block_size
 
 CHUNK = 64  # BT: tokens per chunk
@@ -43,6 +43,19 @@ def state_program(cu_seqlens, T, H: tl.constexpr, HV: tl.constexpr, V: tl.conste
     i_hv = i_nh % HV
     bos, eos, slot0 = chunk_span(i_nh // HV, cu_seqlens, T, BT, IS_VARLEN)
     return (pid % NV).to(tl.int32), i_nh, i_hv, i_hv // (HV // H), bos, eos, slot0, tl.cdiv(eos - bos, BT)
+
+
+@triton.jit
+def chunk_head_program(i_row, cu_seqlens, chunk_map, T, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr,
+                       IS_VARLEN: tl.constexpr):
+    """A chunk-parallel program's coordinates from its (chunk * HV + value head) row (int64):
+    (value head, key head, first token, state slot, valid rows, row index, row mask)."""
+    i_chunk = i_row // HV
+    i_hv = i_row % HV
+    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
+    n_valid = tl.minimum(eos - t0, BT)
+    rows = tl.arange(0, BT)
+    return i_hv, i_hv // (HV // H), t0, slot, n_valid, rows, rows < n_valid
 
 
 @dataclass(frozen=True)

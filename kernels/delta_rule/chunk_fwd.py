@@ -106,8 +106,10 @@ def piece_decay(decay, slot_row, i_p, decay_scalar, K: tl.constexpr, BKS: tl.con
     (``decay`` holds one per state slot and value head; ``slot_row`` is that row)."""
     if CHANNEL_DECAY:
         rows = i_p * BKS + tl.arange(0, BKS)
-        return tl.load(decay + slot_row * K + rows, mask=rows < K, other=0.0)[:, None]
-    return decay_scalar
+        piece = tl.load(decay + slot_row * K + rows, mask=rows < K, other=0.0)[:, None]
+    else:
+        piece = decay_scalar
+    return piece
 
 
 @triton.jit

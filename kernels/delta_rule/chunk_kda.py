@@ -54,15 +54,17 @@ delta rule's ``state_grad_kernel`` with ``CHANNEL_DECAY``), chunks last to first
     dU    = P^T dO + k_out dh
     dh_in = diag(e^{G_C}) dh + q_in^T dO - W^T dU
 
-Chunk gradients (``kda_chunk_grad_kernel``), with ``Vt = V - (K ⊙ e^G) h`` (so ``U = T Vt``):
+Chunk gradients (``kda_grad_matrices_kernel`` per chunk and head: dv, dbeta, dP, dA;
+``kda_grad_keys_kernel`` per chunk, head and key block: dq, dk, dg), with ``Vt = V - (K ⊙ e^G) h`` (so ``U = T Vt``):
 
 * ``dv = T^T dU``; ``dT = dU Vt^T``; ``db_j += sum_i dT_ij L_ij``; ``dA = -L^T (dT diag(b)) L^T``
-  (strictly lower; ``D'`` below); ``d(K ⊙ e^G) = -T^T dU h^T``.
+  (strictly lower; ``D'`` below; ``db_i += sum_j D'_ij A_ij / b_i``, from the kept
+  ``KK = A / b``); ``d(K ⊙ e^G) = -T^T dU h^T``.
 * ``dP = scale (dO U^T)`` (causal): GLA's intra backward, level by level:
   ``dq_ic += sum_j dP_ij k_jc Gamma^c_ij``, ``dk_jc += sum_i dP_ij q_ic Gamma^c_ij``,
   diagonal ``dP_ii`` (no gate) added separately.
 * ``A``: ``dk_ic += b_i sum_j D'_ij k_jc Gamma^c_ij`` (row side ``R^A``),
-  ``dk_jc += sum_i D'_ij b_i k_ic Gamma^c_ij`` (column side), ``db_i += k_i . R^A_i``.
+  ``dk_jc += sum_i D'_ij b_i k_ic Gamma^c_ij`` (column side).
 * Inter-chunk: ``dq += scale e^G ⊙ (dO h^T)``, ``dk += e^{G_C - G} ⊙ (U dh^T)`` and
   ``e^G ⊙ d(K ⊙ e^G)``.
 * Gates (the cumulative-gate identity of ``kernels/gla/chunk.py``): the loss sees ``g``
@@ -77,8 +79,8 @@ Chunk gradients (``kda_chunk_grad_kernel``), with ``Vt = V - (K ⊙ e^G) h`` (so
   ``qk_grad_finalize_kernel`` sums them over each key head's value heads and applies
   ``dx = r (dy - y (y . dy))``.
 
-The backward reads what the forward kept (L, P, q_in, k_out, W, e^{G_C}, h, U, the inverse
-norms) and recomputes the gate factors from ``g``. Intermediates are kept in the input
+The backward reads what the forward kept (L, KK, P, q_in, k_out, W, e^{G_C}, h, U, the
+inverse norms) and recomputes the gate factors from ``g``. Intermediates are kept in the input
 dtype, except for fp16 inputs, whose range (6e-8) would flush the gate-scaled operands to
 zero under strong decay: those run in fp32. Grids put (chunk, head) or (sequence, head,
 value block) on axis 0; offsets are 64-bit; configs come from the target arch.
@@ -101,7 +103,7 @@ from ._chunk_common import CHUNK, choose_configs
 from .chunk import chunk_table
 from .chunk_bwd import qk_grad_finalize_kernel, state_grad_kernel
 from .chunk_fwd import output_kernel, state_pass_kernel
-from .chunk_kda_kernels import kda_chunk_grad_kernel, kda_intra_kernel
+from .chunk_kda_kernels import kda_grad_keys_kernel, kda_grad_matrices_kernel, kda_intra_kernel
 from .fused_recurrent import GATE_CHANNEL, _validate_inputs
 
 OP = "chunk_kda"
@@ -110,12 +112,6 @@ OP = "chunk_kda"
 def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of the intermediates: the input's, fp32 for fp16 (range, module docstring)."""
     return torch.float32 if dtype == torch.float16 else dtype
-
-
-def _grad_block_k(K: int) -> int:
-    """Key block of the chunk-gradient kernel: it holds seven [64, BK] fp32 tiles next to
-    three [64, 64] matrices, so 32 keeps it within the register file at 8 warps."""
-    return min(32, max(16, triton.next_power_of_2(K)))
 
 
 def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map, num_seqs,
@@ -133,12 +129,13 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
     u = empty((B, T, HV, V), work, dev)
     P = empty((B, T, HV, BT), work, dev)
     L = empty((B, T, HV, BT), work, dev) if keep else None
+    KK = empty((B, T, HV, BT), work, dev) if keep else None
     decay = empty((slots, HV, K), torch.float32, dev)
     rq = empty((B, T, H), torch.float32, dev) if l2norm else None
     rk = empty((B, T, H), torch.float32, dev) if l2norm else None
     if n_chunks > 0:
         kda_intra_kernel[(n_chunks * HV,)](
-            q, k, v, g, beta, q_in, k_out, w, u, L, P, decay, rq, rk, cu_seqlens, chunk_map, T, scale,
+            q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
             L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, num_warps=cfg.prepare_warps, num_stages=1, **COMPILE_OPTIONS,
         )
@@ -159,7 +156,7 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
             H=HV, HV=HV, K=K, V=V, BT=BT, BK=cfg.output_BK, BV=cfg.output_BV, STORE_P=False, GIVEN_P=True,
             num_warps=cfg.output_warps, num_stages=cfg.output_stages, **gates, **COMPILE_OPTIONS,
         )
-    saved = dict(q_in=q_in, k_out=k_out, w=w, P=P, L=L, decay=decay, h=h, vn=vn, rq=rq, rk=rk)
+    saved = dict(q_in=q_in, k_out=k_out, w=w, P=P, L=L, KK=KK, decay=decay, h=h, vn=vn, rq=rq, rk=rk)
     return o, final_state, saved if keep else None
 
 
@@ -194,11 +191,18 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
     dbeta = empty(beta.shape, beta.dtype, dev)
     dg = empty(g.shape, g.dtype, dev)
     if n_chunks > 0:
-        kda_chunk_grad_kernel[(n_chunks * HV,)](
-            q, k, v, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"],
-            dq_heads, dk_heads, dv, dbeta, dg, cu_seqlens, chunk_map, T, scale,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=_grad_block_k(K), BV=cfg.grad_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, num_warps=cfg.grad_warps, num_stages=1, **COMPILE_OPTIONS,
+        common = dict(H=H, HV=HV, K=K, V=V, BT=BT, BV=cfg.grad_BV, L2NORM=l2norm, IS_VARLEN=varlen)
+        dPs = empty((B, T, HV, BT), work, dev)
+        dA = empty((B, T, HV, BT), work, dev)
+        kda_grad_matrices_kernel[(n_chunks * HV,)](
+            k, v, g, beta, saved["L"], saved["KK"], h, saved["vn"], dvn, do, saved["rk"], dPs, dA, dv, dbeta,
+            cu_seqlens, chunk_map, T, scale, BK=cfg.grad_BK, num_warps=cfg.grad_warps, num_stages=1, **common, **COMPILE_OPTIONS,
+        )
+        BK = cfg.grad_BK
+        kda_grad_keys_kernel[(n_chunks * HV * triton.cdiv(K, BK),)](
+            q, k, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"], dPs, dA,
+            dq_heads, dk_heads, dg, cu_seqlens, chunk_map, T, scale,
+            BK=BK, LEVELS=LEVELS, num_warps=cfg.grad_warps, num_stages=1, **common, **COMPILE_OPTIONS,
         )
     if direct:
         return dq_heads, dk_heads, dv, dg, dbeta, dh0
@@ -214,7 +218,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
 
 
 # what the forward keeps for the backward, in the order the ops pass it
-SAVED = ("L", "P", "decay", "h", "k_out", "q_in", "rk", "rq", "vn", "w")
+SAVED = ("KK", "L", "P", "decay", "h", "k_out", "q_in", "rk", "rq", "vn", "w")
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

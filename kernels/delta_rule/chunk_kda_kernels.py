@@ -11,10 +11,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .._chunk import chunk_coords, mm, rows_tile, rows_tile_store, state_piece_load
+from .._chunk import mm, rows_tile, rows_tile_store, state_piece_load
 from .._gate_levels import level_pairs, next_level_sums, right_half
 from .._triangular import unit_lower_inverse
-from ._chunk_common import L2NORM_EPS
+from ._chunk_common import L2NORM_EPS, chunk_head_program
 
 
 @triton.jit
@@ -25,22 +25,17 @@ def _unit_rows(x_base, n_valid, H: tl.constexpr, K: tl.constexpr, col0, r, BT: t
 
 @triton.jit
 def kda_intra_kernel(
-    q, k, v, g, beta, q_in, k_out, w, u, L, P, decay, rq, rk,
+    q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
     L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_L: tl.constexpr,
 ):
     """One program per (chunk, value head): P, A by the gate levels; L = (I + A)^{-1};
-    q_in, k_out, e^{G_C}; W = L diag(beta) (k ⊙ e^G), U~ = L diag(beta) V."""
-    pid = tl.program_id(0).to(tl.int64)
-    i_chunk = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
-    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
-    n_valid = tl.minimum(eos - t0, BT)
-    rows = tl.arange(0, BT)
-    valid = rows < n_valid
+    q_in, k_out, e^{G_C}; W = L diag(beta) (k ⊙ e^G), U~ = L diag(beta) V. With STORE_L
+    also L and KK = A / beta_i (the backward's dbeta) for the backward."""
+    i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
+        tl.program_id(0).to(tl.int64), cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
     WT = w.dtype.element_ty  # the work dtype of every intermediate
     qk_base = (t0 * H + i_h) * K
     g_base = (t0 * HV + i_hv) * K
@@ -92,7 +87,10 @@ def kda_intra_kernel(
     strict = (rows[:, None] > rows[None, :]) & valid[:, None]
     b_P = tl.where(causal, tl.where(rows[:, None] == rows[None, :], b_self[:, None], b_P) * scale, 0.0)
     rows_tile_store(P + (t0 * HV + i_hv) * BT, b_P, n_valid, HV * BT, BT, 0, BT, BT)
-    b_A = tl.where(strict, b_A * b_beta[:, None], 0.0)
+    b_A = tl.where(strict, b_A, 0.0)
+    if STORE_L:
+        rows_tile_store(KK + (t0 * HV + i_hv) * BT, b_A, n_valid, HV * BT, BT, 0, BT, BT)
+    b_A = b_A * b_beta[:, None]
     b_Ld = unit_lower_inverse(b_A, tl.trans(b_A), BT, WT).to(WT)
     if STORE_L:
         rows_tile_store(L + (t0 * HV + i_hv) * BT, b_Ld, n_valid, HV * BT, BT, 0, BT, BT)
@@ -110,43 +108,32 @@ def kda_intra_kernel(
 
 
 @triton.jit
-def kda_chunk_grad_kernel(
-    q, k, v, g, beta, L, h, dh, vn, dvn, do, rq, rk,
-    dq, dk, dv, dbeta, dg,
+def kda_grad_matrices_kernel(
+    k, v, g, beta, L, KK, h, vn, dvn, do, rk, dPs, dA, dv, dbeta,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
-    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """One program per (chunk, value head): dv, dbeta, dg, and dq, dk with respect to the
-    (normalised) q, k of the recurrence, from h, dh, U, dU of the state passes."""
+    """One program per (chunk, value head): dv, dbeta, and the in-chunk matrices the key
+    gradients contract, dPs = scale (dO U^T) (causal) and dA (strictly lower)."""
     NK: tl.constexpr = (K + BK - 1) // BK
     NV: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_chunk = pid // HV
-    i_hv = pid % HV
-    i_h = i_hv // (HV // H)
-    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
-    n_valid = tl.minimum(eos - t0, BT)
-    rows = tl.arange(0, BT)
-    valid = rows < n_valid
+    i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
+        tl.program_id(0).to(tl.int64), cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
     WT = L.dtype.element_ty
     h_base = h + (slot * HV + i_hv) * K * V
-    dh_base = dh + (slot * HV + i_hv) * K * V
     qk_base = (t0 * H + i_h) * K
     g_base = (t0 * HV + i_hv) * K
     v_row0 = (t0 * HV + i_hv) * V  # first element of this chunk's rows in v, do, vn, dvn, dv
+    m_row0 = (t0 * HV + i_hv) * BT  # the same for the [.., BT] matrices
 
     b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-    b_rq = tl.where(valid, 1.0, 0.0)
     b_rk = tl.where(valid, 1.0, 0.0)
     if L2NORM:
-        b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
         b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
-    b_Ld = rows_tile(L + (t0 * HV + i_hv) * BT, n_valid, HV * BT, BT, 0, BT, BT)
+    b_Ld = rows_tile(L + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
 
-    # Phase 1, over value blocks: dT = dU Vt^T with Vt = V - (k ⊙ e^G) h, dP = dO U^T,
-    # dv = diag(beta) L^T dU.
+    # dT = dU Vt^T with Vt = V - (k ⊙ e^G) h, dP = dO U^T, dv = diag(beta) L^T dU
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dP = tl.zeros([BT, BT], dtype=tl.float32)
     for i_v in range(NV):
@@ -165,78 +152,114 @@ def kda_chunk_grad_kernel(
         rows_tile_store(dv + v_row0, b_dv, n_valid, HV * V, V, i_v * BV, BT, BV)
 
     # Through T = L diag(beta), L = (I + A)^{-1}: dbeta_j += sum_i dT_ij L_ij,
-    # dA = -L^T (dT diag(beta)) L^T on the strictly lower part.
-    b_dbeta = tl.sum(b_dT * b_Ld.to(tl.float32), axis=0)
+    # dA = -L^T (dT diag(beta)) L^T on the strictly lower part; A = diag(beta) KK adds
+    # dbeta_i += sum_j dA_ij KK_ij.
     b_dA = -mm(mm(tl.trans(b_Ld), (b_dT * b_beta[None, :]).to(WT)).to(WT), tl.trans(b_Ld))
-    b_Dp = tl.where((rows[:, None] > rows[None, :]) & valid[:, None], b_dA, 0.0)  # dA_ij / beta_i per (k_i . k_j)
-    causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
-    b_dPs = tl.where(causal, b_dP, 0.0) * scale
-    b_dP_self = tl.sum(tl.where(rows[:, None] == rows[None, :], b_dPs, 0.0), axis=1)
-    below = tl.where(rows[:, None] > rows[None, :], 1.0, 0.0)
-
-    # Phase 2, over key blocks.
-    for i_k in range(NK):
-        b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
-        b_dUh = tl.zeros([BT, BK], dtype=tl.float32)
-        b_Udh = tl.zeros([BT, BK], dtype=tl.float32)
-        b_hdh = tl.zeros([BK], dtype=tl.float32)
-        for i_v in range(NV):
-            b_do = rows_tile(do + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV).to(WT)
-            b_vn = rows_tile(vn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
-            b_dvn = rows_tile(dvn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
-            b_h = state_piece_load(h_base, i_k, i_v, K, V, BK, BV)
-            b_dh = state_piece_load(dh_base, i_k, i_v, K, V, BK, BV)
-            b_dqh += mm(b_do, tl.trans(b_h))
-            b_dUh += mm(b_dvn, tl.trans(b_h))
-            b_Udh += mm(b_vn, tl.trans(b_dh))
-            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
-        b_q = _unit_rows(q + qk_base, n_valid, H, K, i_k * BK, b_rq, BT, BK)
-        b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
-        b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
-
-        # The in-chunk pairs i > j, level by level, for P (q_i, k_j) and A (k_i, k_j): the
-        # row side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}).
-        dq_P = tl.zeros([BT, BK], dtype=tl.float32)
-        dk_P = tl.zeros([BT, BK], dtype=tl.float32)
-        dk_Arow = tl.zeros([BT, BK], dtype=tl.float32)
-        dk_Acol = tl.zeros([BT, BK], dtype=tl.float32)
-        b_L = b_g
-        b_R = tl.zeros([BT, BK], dtype=tl.float32)
-        for level in tl.static_range(LEVELS):
-            right = right_half(level, BT)
-            factor = tl.exp(tl.where(right, b_L, b_R))
-            row_factor = tl.where(right, factor, 0.0)
-            col_factor = tl.where(right, 0.0, factor)
-            pairs = level_pairs(level, BT)
-            d_P = tl.where(pairs, b_dPs, 0.0).to(WT)
-            d_A = tl.where(pairs, b_Dp, 0.0).to(WT)
-            k_left = (b_k * col_factor).to(WT)
-            dq_P += row_factor * mm(d_P, k_left)
-            dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
-            dk_Arow += row_factor * mm(d_A, k_left)
-            dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
-            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
-        # L = G, R = G_C - G
-        b_eG = tl.exp(b_L)
-        dq_inter = b_dqh * b_eG * scale
-        dk_in = -mm(tl.trans(b_Ld), b_dUh.to(WT)) * (b_beta[:, None] * b_eG)
-        dk_out = b_Udh * tl.exp(b_R)
-        dk_A = dk_Arow * b_beta[:, None] + dk_Acol
-        b_dbeta += tl.sum(b_k * dk_Arow, axis=1)
-
-        # dG: every gate-carrying term, its row side + and its column side -, diagonal of P
-        # left out (no gate); then dg = reverse cumsum + the strict prefix of the next-state
-        # terms + e^{G_C} <h, dh>.
-        b_dG = (b_q * (dq_inter + dq_P) - b_k * dk_P + b_k * (dk_Arow * b_beta[:, None] - dk_Acol)
-                + b_k * dk_in)
-        b_dg = tl.cumsum(tl.where(valid[:, None], b_dG, 0.0), axis=0, reverse=True)
-        b_dg += mm(below, b_k * dk_out)
-        b_dg += (tl.exp(tl.sum(b_g, axis=0)) * b_hdh)[None, :]
-
-        b_dq = dq_inter + dq_P + b_dP_self[:, None] * b_k
-        b_dk = dk_P + b_dP_self[:, None] * b_q + dk_A + dk_out + dk_in
-        rows_tile_store(dq + g_base, b_dq, n_valid, HV * K, K, i_k * BK, BT, BK)
-        rows_tile_store(dk + g_base, b_dk, n_valid, HV * K, K, i_k * BK, BT, BK)
-        rows_tile_store(dg + g_base, b_dg, n_valid, HV * K, K, i_k * BK, BT, BK)
-
+    b_dA = tl.where((rows[:, None] > rows[None, :]) & valid[:, None], b_dA, 0.0)
+    b_KK = rows_tile(KK + m_row0, n_valid, HV * BT, BT, 0, BT, BT).to(tl.float32)
+    b_dbeta = tl.sum(b_dT * b_Ld.to(tl.float32), axis=0) + tl.sum(b_dA * b_KK, axis=1)
     tl.store(dbeta + (t0 + rows) * HV + i_hv, b_dbeta, mask=valid)
+    causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
+    rows_tile_store(dPs + m_row0, tl.where(causal, b_dP, 0.0) * scale, n_valid, HV * BT, BT, 0, BT, BT)
+    rows_tile_store(dA + m_row0, b_dA, n_valid, HV * BT, BT, 0, BT, BT)
+
+
+@triton.jit
+def kda_grad_keys_kernel(
+    q, k, g, beta, L, h, dh, vn, dvn, do, rq, rk, dPs, dA,
+    dq, dk, dg,
+    cu_seqlens, chunk_map, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
+    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """One program per (chunk, value head, key block): dq, dk with respect to the
+    (normalised) q, k of the recurrence, and dg. A key block per program, as GLA's
+    backward: with a loop over key blocks the level-masked copies of dPs and dA, the same
+    in every iteration, were hoisted out of it and overflowed shared memory."""
+    NK: tl.constexpr = (K + BK - 1) // BK
+    NV: tl.constexpr = (V + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_k = (pid % NK).to(tl.int32)
+    i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
+        pid // NK, cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
+    WT = L.dtype.element_ty
+    h_base = h + (slot * HV + i_hv) * K * V
+    dh_base = dh + (slot * HV + i_hv) * K * V
+    qk_base = (t0 * H + i_h) * K
+    g_base = (t0 * HV + i_hv) * K
+    v_row0 = (t0 * HV + i_hv) * V
+    m_row0 = (t0 * HV + i_hv) * BT
+
+    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    b_rq = tl.where(valid, 1.0, 0.0)
+    b_rk = tl.where(valid, 1.0, 0.0)
+    if L2NORM:
+        b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+        b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+    b_Ld = rows_tile(L + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
+    b_dPs = rows_tile(dPs + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
+    b_dA = rows_tile(dA + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
+    b_dP_self = tl.sum(tl.where(rows[:, None] == rows[None, :], b_dPs.to(tl.float32), 0.0), axis=1)
+
+    # inter-chunk contractions over V: dO h^T, dU h^T, U dh^T, and <h, dh> per key row
+    b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dUh = tl.zeros([BT, BK], dtype=tl.float32)
+    b_Udh = tl.zeros([BT, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(NV):
+        b_do = rows_tile(do + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV).to(WT)
+        b_vn = rows_tile(vn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+        b_dvn = rows_tile(dvn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+        b_h = state_piece_load(h_base, i_k, i_v, K, V, BK, BV)
+        b_dh = state_piece_load(dh_base, i_k, i_v, K, V, BK, BV)
+        b_dqh += mm(b_do, tl.trans(b_h))
+        b_dUh += mm(b_dvn, tl.trans(b_h))
+        b_Udh += mm(b_vn, tl.trans(b_dh))
+        b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    b_q = _unit_rows(q + qk_base, n_valid, H, K, i_k * BK, b_rq, BT, BK)
+    b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
+    b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
+
+    # The in-chunk pairs i > j, level by level, for P (q_i, k_j) and A (k_i, k_j): the row
+    # side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}).
+    dq_P = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_P = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_Arow = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_Acol = tl.zeros([BT, BK], dtype=tl.float32)
+    b_L = b_g
+    b_R = tl.zeros([BT, BK], dtype=tl.float32)
+    for level in tl.static_range(LEVELS):
+        right = right_half(level, BT)
+        factor = tl.exp(tl.where(right, b_L, b_R))
+        row_factor = tl.where(right, factor, 0.0)
+        col_factor = tl.where(right, 0.0, factor)
+        pairs = level_pairs(level, BT)
+        d_P = tl.where(pairs, b_dPs, 0.0).to(WT)
+        d_A = tl.where(pairs, b_dA, 0.0).to(WT)
+        k_left = (b_k * col_factor).to(WT)
+        dq_P += row_factor * mm(d_P, k_left)
+        dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
+        dk_Arow += row_factor * mm(d_A, k_left)
+        dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
+        b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
+    # L = G, R = G_C - G
+    b_eG = tl.exp(b_L)
+    dq_inter = b_dqh * b_eG * scale
+    dk_in = -mm(tl.trans(b_Ld), b_dUh.to(WT)) * (b_beta[:, None] * b_eG)
+    dk_out = b_Udh * tl.exp(b_R)
+
+    # dG: every gate-carrying term, its row side + and its column side -, the diagonal of P
+    # left out (no gate); then dg = reverse cumsum + the strict prefix of the next-state
+    # terms + e^{G_C} <h, dh>.
+    b_dG = (b_q * (dq_inter + dq_P) - b_k * dk_P + b_k * (dk_Arow * b_beta[:, None] - dk_Acol)
+            + b_k * dk_in)
+    b_dg = tl.cumsum(tl.where(valid[:, None], b_dG, 0.0), axis=0, reverse=True)
+    b_dg += mm(tl.where(rows[:, None] > rows[None, :], 1.0, 0.0), b_k * dk_out)
+    b_dg += (tl.exp(tl.sum(b_g, axis=0)) * b_hdh)[None, :]
+
+    b_dq = dq_inter + dq_P + b_dP_self[:, None] * b_k
+    b_dk = dk_P + b_dP_self[:, None] * b_q + dk_Arow * b_beta[:, None] + dk_Acol + dk_out + dk_in
+    rows_tile_store(dq + g_base, b_dq, n_valid, HV * K, K, i_k * BK, BT, BK)
+    rows_tile_store(dk + g_base, b_dk, n_valid, HV * K, K, i_k * BK, BT, BK)
+    rows_tile_store(dg + g_base, b_dg, n_valid, HV * K, K, i_k * BK, BT, BK)

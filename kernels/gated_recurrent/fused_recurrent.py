@@ -134,39 +134,73 @@ def fused_recurrent_fwd_kernel(
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + tile, mask=m_kv, other=0.0)
+    # The step's inputs are loaded one step ahead: each step is a few hundred cycles of
+    # arithmetic on a state in registers, and with loads issued where they are used every
+    # step would wait out a full memory latency (a few hundred programs, one pass over T).
+    # Each step's row: ``row``; the loads in flight are for ``row + H``.
     row = bos * H + i_h  # (token, head) row of the current step
+    QW: tl.constexpr = V if DQ_MODE else K  # q's row length (do's, in DQ_MODE)
+    q_cols = o_v if DQ_MODE else o_k
+    m_q = m_v if DQ_MODE else m_k
+    # o_1: the scalar gate as a [1] tile; every "load ahead" flag is a [1] tensor too (built
+    # on o_1), never a scalar comparison: a mask must be a boolean tensor on every Triton
+    o_1 = tl.arange(0, 1)
+    ahead = o_1 < T_seq
+    nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
+    nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
+    nq = tl.load(q + row * QW + q_cols, mask=m_q & ahead, other=0.0)
+    ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
     for t in range(T_seq):
         if STORE_CHECKPOINTS:
             if t % SEG == 0:
                 tl.store(checkpoints + ((slot0 + t // SEG) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                          S, mask=m_kv)
-        bk = tl.load(k + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-        bv = tl.load(v + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+        bk, bv, bq, bg, bgk = nk.to(tl.float32), nv.to(tl.float32), nq.to(tl.float32), ng, ngk
+        nxt = row + H
+        ahead = o_1 + t + 1 < T_seq
+        nk = tl.load(k + nxt * K + o_k, mask=m_k & ahead, other=0.0)
+        nv = tl.load(v + nxt * V + o_v, mask=m_v & ahead, other=0.0)
+        nq = tl.load(q + nxt * QW + q_cols, mask=m_q & ahead, other=0.0)
+        if USE_G:
+            ng = tl.load(g + nxt + o_1, mask=ahead, other=0.0)
+        if USE_GK:
+            ngk = tl.load(gk + nxt * K + o_k, mask=m_k & ahead, other=0.0)
         a = tl.zeros([BK], dtype=tl.float32)
         if USE_G:
-            a += tl.load(g + row).to(tl.float32)
+            a += bg.to(tl.float32)
         if USE_G_GAMMA:
             a += gamma
         if USE_GK:
-            a += tl.load(gk + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+            a += bgk.to(tl.float32)
         S_next = _decayed(S, a, decay_hi, decay_lo, CONSTANT) + bk[:, None] * bv[None, :]
         S_read = S if BONUS else S_next
-        if DQ_MODE:
-            bdo = tl.load(q + row * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-            b_dq = tl.sum(S_read * bdo[None, :], 1)
+        if DQ_MODE:  # bq is do here
+            b_dq = tl.sum(S_read * bq[None, :], 1)
             if BONUS:
-                b_dq += b_u * bk * tl.sum(bdo * bv, 0)
+                b_dq += b_u * bk * tl.sum(bq * bv, 0)
             tl.store(readout + i_v * n_rows * H * K + row * K + o_k, b_dq * scale, mask=m_k)
         else:
-            bq = tl.load(q + row * K + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_o = tl.sum(S_read * bq[:, None], 0)
             if BONUS:
                 b_o += tl.sum(bq * b_u * bk, 0) * bv
             tl.store(readout + row * V + o_v, (b_o * scale).to(readout.dtype.element_ty), mask=m_v)
         S = S_next
-        row += H
+        row = nxt
     if STORE_HT:
         tl.store(ht + tile, S, mask=m_kv)
+
+
+@triton.jit
+def _first_gates(g, gk, row, ahead, o_k, m_k, K: tl.constexpr, USE_G: tl.constexpr, USE_GK: tl.constexpr):
+    """The gates of the first step a loop loads ahead (``ahead``: a [1] flag): the scalar g
+    as a [1] tile (its mask then is a tensor), gk as a [BK] row; 0.0 for a gate not used."""
+    ng = 0.0
+    if USE_G:
+        ng = tl.load(g + row + tl.arange(0, 1), mask=ahead, other=0.0)
+    ngk = 0.0
+    if USE_GK:
+        ngk = tl.load(gk + row * K + o_k, mask=m_k & ahead, other=0.0)
+    return ng, ngk
 
 
 @triton.jit
@@ -234,6 +268,7 @@ def fused_recurrent_bwd_kernel(
     if BONUS:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
     b_du = tl.zeros([BK], dtype=tl.float32)
+    o_1 = tl.arange(0, 1)  # as in the forward: the "load ahead" flags and the step's validity as [1] tiles
 
     # pass 2: backward in time, one segment of SEG steps at a time
     dS = tl.zeros([BK, BV], dtype=tl.float32)
@@ -259,16 +294,31 @@ def fused_recurrent_bwd_kernel(
         # whose D is in the carried dS)
         q_next = tl.zeros([BK], dtype=tl.float32)
         do_next = tl.zeros([BV], dtype=tl.float32)
+        # as in the forward, each step's inputs are loaded one step ahead (here: the step before)
+        row = (bos + seg * SEG + SEG - 1) * H + i_h
+        ahead = o_1 + seg * SEG + SEG - 1 < T_seq
+        nq = tl.load(q + row * K + o_k, mask=m_k & ahead, other=0.0)
+        nk = tl.load(k + row * K + o_k, mask=m_k & ahead, other=0.0)
+        nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
+        ndo = tl.load(do + row * V + o_v, mask=m_v & ahead, other=0.0)
+        ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
         for jj in range(SEG):
             j = SEG - 1 - jj
-            valid = seg * SEG + j < T_seq
+            valid = o_1 + seg * SEG + j < T_seq  # a [1] tensor, like the masks built on it
             row = (bos + seg * SEG + j) * H + i_h
-            m_kt = tl.where(valid, m_k, False)
-            m_vt = tl.where(valid, m_v, False)
-            bq = tl.load(q + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
-            bk = tl.load(k + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
-            bv = tl.load(v + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
-            bdo = tl.load(do + row * V + o_v, mask=m_vt, other=0.0).to(tl.float32)
+            m_kt = m_k & valid
+            m_vt = m_v & valid
+            bq, bk, bv, bdo, bg, bgk = nq.to(tl.float32), nk.to(tl.float32), nv.to(tl.float32), ndo.to(tl.float32), ng, ngk
+            prev = row - H
+            ahead = (o_1 + jj + 1 < SEG) & (o_1 + seg * SEG + j - 1 < T_seq)
+            nq = tl.load(q + prev * K + o_k, mask=m_k & ahead, other=0.0)
+            nk = tl.load(k + prev * K + o_k, mask=m_k & ahead, other=0.0)
+            nv = tl.load(v + prev * V + o_v, mask=m_v & ahead, other=0.0)
+            ndo = tl.load(do + prev * V + o_v, mask=m_v & ahead, other=0.0)
+            if USE_G:
+                ng = tl.load(g + prev + o_1, mask=ahead, other=0.0)
+            if USE_GK:
+                ngk = tl.load(gk + prev * K + o_k, mask=m_k & ahead, other=0.0)
             if not BONUS:
                 dS += (bq * scale)[:, None] * bdo[None, :]
             b_dk = tl.sum(dS * bv[None, :], 1)
@@ -292,15 +342,16 @@ def fused_recurrent_bwd_kernel(
                 if USE_GK:
                     tl.store(dg_part + slab + row * K + o_k, dg_t, mask=m_kt)
                 else:
-                    tl.store(dg_part + i_v * n_rows * H + row, tl.sum(dg_t, 0), mask=valid)
+                    tl.store(dg_part + i_v * n_rows * H + row + o_1, tl.zeros([1], tl.float32) + tl.sum(dg_t, 0),
+                             mask=valid)
             if GATED:
                 a = tl.zeros([BK], dtype=tl.float32)
                 if USE_G:
-                    a += tl.load(g + row, mask=valid, other=0.0).to(tl.float32)
+                    a += bg.to(tl.float32)
                 if USE_G_GAMMA:
                     a += tl.where(valid, gamma, 0.0)
                 if USE_GK:
-                    a += tl.load(gk + row * K + o_k, mask=m_kt, other=0.0).to(tl.float32)
+                    a += bgk.to(tl.float32)
                 dS *= tl.exp(a)[:, None]
             if BONUS:
                 dS += (bq * scale)[:, None] * bdo[None, :]
@@ -357,10 +408,18 @@ SEGMENT = 16
 def _configs(K: int, V: int, backward: bool) -> dict:
     """Block sizes: the state tile [BK, BV] in fp32 registers, ~64 registers a thread at
     4 warps in the forward. The backward holds the state, its gradient and the segment's
-    [BK, SEG] tiles at once, so it takes half as wide a V block, and 8 warps for large
-    tiles. No shared memory beyond Triton's reductions and the one small dot, on every arch."""
+    [BK, SEG] tiles at once, and 8 warps for large tiles. No shared memory beyond Triton's
+    reductions and the one small dot, on every arch.
+
+    The backward's second pass takes ~235 registers a thread at 8 warps whatever BV (the
+    [BK, SEG] tiles dominate; ptxas, sm90, K = 128): one program per SM, so the programs
+    run in waves, each a whole pass over T. At K = 128 a 64-wide V block (242 registers
+    with a scalar gate, 255 and 12 bytes of spills per channel) halves the programs, hence
+    the waves, against 32 (at B * H = 64 on 132 SMs: one wave instead of two), for a
+    longer step. K = 256 stays at 16 (64 spills there)."""
     BK = block_size(K)
-    BV = max(16, min(block_size(V), (4096 if backward else 8192) // BK))
+    budget = 8192 if (not backward or BK == 128) else 4096
+    BV = max(16, min(block_size(V), budget // BK))
     return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= (2048 if backward else 8192) else 8)
 
 

@@ -136,7 +136,8 @@ the levels and added to dq, dk after dg, as the diagonal is for gla.
 
 Kernels and launches
 --------------------
-Forward, 2 launches:
+Forward, 2 launches (3 with the ``output`` config: the output moves to ``_output_fwd``,
+grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk state):
 
 1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
    blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
@@ -330,9 +331,11 @@ def _states_fwd(
     q_in, k_out, v, decay, A, h0, o, h_chunks, ht, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    STORE_H_CHUNKS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    STORE_H_CHUNKS: tl.constexpr, STORE_O: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Walk one sequence's chunks in order: o = q_in h + A v, h <- decay h + k_out^T v."""
+    """Walk one sequence's chunks in order: h <- decay h + k_out^T v, and (STORE_O) the
+    output on the way, o = q_in h + A v; without it ``_output_fwd`` computes o afterwards
+    from the stored chunk states, all chunks in parallel."""
     pid = tl.program_id(0)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_v = pid % NV
@@ -351,26 +354,58 @@ def _states_fwd(
         row0 = (bos + c * BT) * H + i_h
         nrows = tl.minimum(seqlen - c * BT, BT).to(tl.int32)
         i_state = (c0 + c) * H + i_h
-        p_q, m_q = _tile(q_in + row0 * K, nrows, H * K, 0, K, BT, BK)
-        b_q = tl.load(p_q, mask=m_q, other=0.0).to(DOT)
         p_k, m_k = _tile(k_out + row0 * K, nrows, H * K, 0, K, BT, BK)
         b_k = tl.load(p_k, mask=m_k, other=0.0).to(DOT)
         p_v, m_v = _tile(v + row0 * V, nrows, H * V, v0, V, BT, BV)
         b_v = tl.load(p_v, mask=m_v, other=0.0).to(DOT)
-        p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
-        b_a = tl.load(p_a, mask=m_a, other=0.0).to(DOT)
         b_decay = tl.load(decay + i_state * K + kvec, mask=kvec < K, other=0.0)
         if STORE_H_CHUNKS:
             p_h, m_h = _state_tile(h_chunks, i_state, K, V, 0, v0, BK, BV)
             tl.store(p_h, h.to(h_chunks.dtype.element_ty), mask=m_h)
-        b_o = tl.dot(b_q, h.to(DOT), input_precision=PREC)
-        b_o = tl.dot(b_a, b_v, b_o, input_precision=PREC)
-        p_o, m_o = _tile(o + row0 * V, nrows, H * V, v0, V, BT, BV)
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_o)
+        if STORE_O:
+            p_q, m_q = _tile(q_in + row0 * K, nrows, H * K, 0, K, BT, BK)
+            b_q = tl.load(p_q, mask=m_q, other=0.0).to(DOT)
+            p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+            b_a = tl.load(p_a, mask=m_a, other=0.0).to(DOT)
+            b_o = tl.dot(b_q, h.to(DOT), input_precision=PREC)
+            b_o = tl.dot(b_a, b_v, b_o, input_precision=PREC)
+            p_o, m_o = _tile(o + row0 * V, nrows, H * V, v0, V, BT, BV)
+            tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_o)
         h = tl.dot(tl.trans(b_k), b_v, h * b_decay[:, None], input_precision=PREC)
     if STORE_HT:
         p_ht, m_ht = _state_tile(ht, i_nh, K, V, 0, v0, BK, BV)
         tl.store(p_ht, h, mask=m_ht)
+
+
+@triton.jit
+def _output_fwd(
+    q_in, v, A, h_chunks, o, cu_seqlens, chunk_map, T, NT,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """Per chunk, head and block of value channels: o = q_in h + A v, with h the state
+    entering the chunk (stored by ``_states_fwd``)."""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = triton.cdiv(V, BV)
+    i_v = pid % NV
+    i_chunk = (pid // NV) // H
+    i_h = (pid // NV) % H
+    v0 = i_v * BV
+    t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
+    row0 = t0 * H + i_h
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        p_q, m_q = _tile(q_in + row0 * K, nrows, H * K, k0, K, BT, BK)
+        b_q = tl.load(p_q, mask=m_q, other=0.0).to(DOT)
+        p_h, m_h = _state_tile(h_chunks, i_chunk * H + i_h, K, V, k0, v0, BK, BV)
+        b_h = tl.load(p_h, mask=m_h, other=0.0).to(DOT)
+        b_o = tl.dot(b_q, b_h, b_o, input_precision=PREC)
+    p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+    p_v, m_v = _tile(v + row0 * V, nrows, H * V, v0, V, BT, BV)
+    b_o = tl.dot(tl.load(p_a, mask=m_a, other=0.0).to(DOT), tl.load(p_v, mask=m_v, other=0.0).to(DOT), b_o,
+                 input_precision=PREC)
+    p_o, m_o = _tile(o + row0 * V, nrows, H * V, v0, V, BT, BV)
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_o)
 
 
 # --------------------------------------------------------------------------------------
@@ -608,6 +643,11 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         "state": dict(BV=state_bv, num_warps=8 if BK >= 128 and state_bv >= 32 else 4,
                       num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=8, num_stages=1),
+        # None: the state pass computes the output on its way (one pass over the chunk
+        # operands). A dict: the state pass keeps to the recurrence and stores every chunk
+        # state, and _output_fwd computes the output with these block sizes, all chunks in
+        # parallel (more bytes moved, less on the sequential path; config_sweep.py times both)
+        "output": None,
     }
 
 
@@ -686,15 +726,22 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
             **COMPILE_OPTIONS,
         )
     o = _utils.empty_like(v)
-    h_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device) if save_states else None
+    split = lay.cfg["output"] is not None
+    h_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device) if (save_states or split) else None
     final_state = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if output_final_state else None
     cfg = lay.cfg["state"]
     _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, v, decay, A, initial_state, o, h_chunks, final_state, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_H0=initial_state is not None,
-        STORE_HT=output_final_state, STORE_H_CHUNKS=save_states,
+        STORE_HT=output_final_state, STORE_H_CHUNKS=h_chunks is not None, STORE_O=not split,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
+    if split and lay.n_chunks > 0:
+        cfg = lay.cfg["output"]
+        _output_fwd[(lay.n_chunks * H * _utils.cdiv(V, cfg["BV"]),)](
+            q_in, v, A, h_chunks, o, lay.cu_seqlens, lay.chunk_map, **lay.common(), V=V, BK=cfg["BK"], BV=cfg["BV"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
+        )
     return o, final_state, (A, q_in, k_out, decay, h_chunks)
 
 
