@@ -32,6 +32,7 @@ import argparse
 import importlib
 import inspect
 import json
+import math
 import os
 import statistics
 import sys

@@ -6,7 +6,6 @@ under two sets of names; every message names the argument as the caller spelled 
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
@@ -46,8 +45,6 @@ def check_dplr_inputs(op: str, names: dict, q, k, v, a, b, gk, scale, initial_st
     val.check_same_dtype(op, **{nq: q, "k": k, "v": v, "a": a, "b": b})
     if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
         raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{op}: `scale` must be finite, got {scale}")
     if not isinstance(output_final_state, bool):
         raise TypeError(f"{op}: `output_final_state` must be a bool, got {type(output_final_state).__name__}")
     device = val.check_devices(op, **{nq: q, "k": k, "v": v, "a": a, "b": b, ng: gk,

@@ -61,11 +61,11 @@ COMPILE = tuple(
 # CPU sizes for the chunked kernels: two chunks with a ragged second one (T = 80), V not a
 # power of two, K = 32 (one key block of the level kernels). One head in the first case
 # (the varlen packings run it once per sequence, and the interpreter's time grows with the
-# programs); two heads, a batch of two, in the others.
+# programs); two heads in the others.
 CHUNK_SMALL = {"B": 1, "T": 80, "H": 1, "K": 32, "V": 24}
 CHUNK_CASES = (
     Case("state", CHUNK_SMALL, options=WITH_STATE, gpu_dims=GPU),
-    Case("strong_decay", {**CHUNK_SMALL, "B": 2, "H": 2}, dist="strong_decay", options=WITH_STATE,
+    Case("strong_decay", {**CHUNK_SMALL, "H": 2}, dist="strong_decay", options=WITH_STATE,
          gpu_dims={**GPU, "T": 1024, "K": 64, "V": 64}),
     Case("wide", {"B": 1, "T": 70, "H": 2, "K": 48, "V": 40}, options=WITH_STATE,
          gpu_dims={**GPU, "K": 96, "V": 120}, checks=("forward", "backward")),  # V <= 128: the kernels' range
