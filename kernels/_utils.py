@@ -95,8 +95,11 @@ def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device) -> torch.Tens
     ``offsets_host`` is the validated host copy of ``cu_seqlens``. A kernel launched over
     the NT chunks of all sequences reads its row to find which sequence and chunk it
     owns. Zero-length sequences own no chunk. Cached per offsets object, chunk size and
-    device, so a training loop pays for the host-to-device copy once.
+    device, so a training loop pays for the host-to-device copy once. For shapes alone
+    (``shapes_only``: the offsets have no values) an empty table.
     """
+    if shapes_only():
+        return torch.empty((0, 2), dtype=torch.int32, device=device)
     key = (id(offsets_host), chunk_size, str(device))
     hit = _chunk_maps.get(key)
     if hit is not None and hit[0] is offsets_host:
