@@ -728,6 +728,12 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     o = _utils.empty_like(v)
     split = lay.cfg["output"] is not None
     h_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device) if (save_states or split) else None
+    if lay.varlen:
+        # packed, up to N rows past the chunks are never written; the op returns these
+        # buffers (for its backward), so they hold zeros rather than whatever was there
+        decay[lay.n_chunks:].zero_()
+        if h_chunks is not None:
+            h_chunks[lay.n_chunks:].zero_()
     final_state = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if output_final_state else None
     cfg = lay.cfg["state"]
     _states_fwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](

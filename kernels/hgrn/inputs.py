@@ -30,20 +30,23 @@ def check_hgrn_inputs(op: str, x, g, initial_state, output_final_state, cu_seqle
     B, T, D = x.shape
     val.check_shape(op, "g", g, (B, T, D), "[B, T, D]")
     offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
-    N = B if offsets_host is None else offsets_host.numel() - 1
+    # from cu_seqlens, not the host offsets: while torch.compile traces there are none
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     val.check_initial_state(op, initial_state, (N, D), "[N, D]")
     return HGRNInputs(B, T, D, N, offsets_host)
 
 
 def configs(D: int) -> dict:
-    """Tiles of ``[BT, BD]`` tokens x channels. The scans stage a tile's two fp32 operands
-    through shared memory: 128 channels (64 KB at BT = 64) where the target has 100 KB or
-    more, 64 on sm75. The fused kernel takes narrower blocks so that more programs share
-    the GPU (one per sequence and block walks the whole sequence)."""
-    wide = 128 if _arch.shared_memory_limit() >= 100_000 else 64
+    """Tiles of ``[BT, BD]`` tokens x channels, from the target's shared memory. Each level
+    of a tile scan gathers rows across warps through shared memory (two fp32 tiles), and
+    the kernels are memory-bound: 64 channels a tile (4 warps, several programs resident
+    per SM to keep loads in flight) where the target has 100 KB or more, 32 on sm75's
+    64 KB. The fused kernel takes narrower blocks so that more programs share the GPU (one
+    per sequence and block walks the whole sequence)."""
+    wide = 64 if _arch.shared_memory_limit() >= 100_000 else 32
     BD = min(wide, _utils.block_size(D, 16))
     return {
         "chunk": dict(BD=BD, num_warps=4),
-        "carry": dict(BD=min(64, BD), NC=64, num_warps=4),
+        "carry": dict(BD=BD, NC=64, num_warps=4),
         "fused": dict(BD=min(32, BD), num_warps=2),
     }
