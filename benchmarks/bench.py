@@ -110,7 +110,7 @@ def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool
 
 
 def dplr_inputs(names=("q", "gk")):
-    """RWKV-7's inputs (OPS.md): kk a unit vector, a = -kk, b = kk * sigmoid, the log decay
+    """RWKV-7's inputs (docs/ops.md): kk a unit vector, a = -kk, b = kk * sigmoid, the log decay
     w = -e^{-1/2} sigmoid; ``names``: what the op calls q and the gate (r, w for rwkv7)."""
 
     def make():

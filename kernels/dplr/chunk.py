@@ -1,6 +1,6 @@
 r"""Chunked DPLR delta rule and RWKV-7: ``chunk_dplr_delta_rule``, ``chunk_rwkv7``.
 
-Recurrence (per head; OPS.md), state ``S`` [K, V], ``d_t = e^{gk_t}`` per key channel::
+Recurrence (per head; docs/ops.md), state ``S`` [K, V], ``d_t = e^{gk_t}`` per key channel::
 
     S_t = (diag(d_t) + b_t a_t^T) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
 

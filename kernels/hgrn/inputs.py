@@ -20,7 +20,7 @@ class HGRNInputs:
 
 
 def check_hgrn_inputs(op: str, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu) -> HGRNInputs:
-    """x, g ``[B, T, D]`` (g of any float dtype), initial_state float32 ``[N, D]`` (OPS.md)."""
+    """x, g ``[B, T, D]`` (g of any float dtype), initial_state float32 ``[N, D]`` (docs/ops.md)."""
     val.check_tensor(op, "x", x)
     val.check_tensor(op, "g", g)
     if not isinstance(output_final_state, bool):
