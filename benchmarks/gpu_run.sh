@@ -8,6 +8,8 @@
 #   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
+#   bash benchmarks/gpu_run.sh torchcompile  # the torch.compile checks (tests/test_torch_compile.py) on the GPU
+#   bash benchmarks/gpu_run.sh determinism   # chunk_gated_delta_rule's bf16 run-to-run probe (determinism_probe.py)
 #   bash benchmarks/gpu_run.sh sanicost   # one test's time under memcheck, by kernel filter (sanitizer_cost.py)
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
 #                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 memcheck_module:200 repro:80": steps, limits)
@@ -83,6 +85,18 @@ case "$part" in
     echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -40
     echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
     head -n 8 "$LOGS/errors.md"
+    ;;
+  torchcompile)
+    # torch.compile over every spec (opcheck, compiled == eager at two lengths, CUDA graphs)
+    timeout -s INT -k 30 "${FLA_COMPILE_TIMEOUT:-300}" python3 -m pytest tests/test_torch_compile.py -n "${FLA_WORKERS:-8}" -q -rf \
+      -p no:cacheprovider --fla-report="$LOGS/torch_compile_report.json" "$@" > "$LOGS/torch_compile.log" 2>&1
+    echo "torch.compile checks exit $?" >> "$LOGS/torch_compile.log"
+    echo "== torch.compile checks:"; grep -E "^FAILED" "$LOGS/torch_compile.log" | sed 's/ - .*//' | head -20; tail -n 2 "$LOGS/torch_compile.log"
+    ;;
+  determinism)
+    # which kernel's pipelining makes chunk_gated_delta_rule's bf16 forward differ between runs
+    timeout "${FLA_PROBE_TIMEOUT:-150}" python3 benchmarks/determinism_probe.py > "$LOGS/determinism_probe.txt" 2>&1
+    echo "== determinism probe:"; cat "$LOGS/determinism_probe.txt" | tail -n 40
     ;;
   sanicost)
     # where a test's time goes under memcheck (sanitizer_cost.py), probes several at a time

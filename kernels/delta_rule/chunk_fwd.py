@@ -60,14 +60,17 @@ def prepare_wy_kernel(
 
     k_base = k + (t0 * H + i_h) * K
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_ss = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_k = rows_tile(k_base, n_valid, H * K, K, i_k * BK, BT, BK)
         b_A += mm(b_k, tl.trans(b_k))
-        if L2NORM:
-            b_kf = b_k.to(tl.float32)
-            b_ss += tl.sum(b_kf * b_kf, axis=1)
     if L2NORM:
+        # The norms of k take a loop of their own, as the output kernel's norms of q do:
+        # summed from the tiles of the pipelined product loop above they changed from run
+        # to run on sm90 in bf16 (Triton 3.6, two stages; benchmarks/determinism_probe.py)
+        b_ss = tl.zeros([BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(K, BK)):
+            b_kf = rows_tile(k_base, n_valid, H * K, K, i_k * BK, BT, BK).to(tl.float32)
+            b_ss += tl.sum(b_kf * b_kf, axis=1)
         b_rk = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         # every value head of the group computes the same norms; the first one stores them
         tl.store(rk + (t0 + rows) * H + i_h, b_rk, mask=tl.where(i_hv % (HV // H) == 0, valid, False))
