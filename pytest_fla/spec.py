@@ -135,6 +135,11 @@ class OpSpec:
     # The input declaration the factory was built from (name -> inputs.Arg), for checks
     # that mutate single arguments (wrong shape, wrong device).
     args: Mapping[str, Any] = field(default_factory=dict)
+    # A composite (a layer) that hands activations of the checked dtype from op to op: its
+    # reference takes ``activation_dtype`` and rounds at those hand-overs (values and their
+    # gradients), so each op is held to its own budget, not to the composition's rounding
+    # (``reference_for``; docs/tolerances.md, "Layers").
+    reference_rounds: bool = False
 
     @property
     def op_fn(self) -> Callable:
@@ -158,8 +163,18 @@ class OpSpec:
         """Run the op; always returns a tuple of outputs (``None`` where absent)."""
         return as_tuple(self.op_fn(**sample.kwargs))
 
-    def call_reference(self, sample: Sample):
-        return as_tuple(self.reference_fn(**sample.kwargs))
+    def reference_for(self, dtype: str | None = None) -> Callable:
+        """The reference to compare a ``dtype`` run with: ``reference_fn``, told the
+        activation dtype where the spec's reference rounds (``reference_rounds``)."""
+        fn = self.reference_fn
+        if self.reference_rounds and dtype in ("bf16", "fp16"):
+            import functools
+
+            fn = functools.partial(fn, activation_dtype=torch_dtype(dtype))
+        return fn
+
+    def call_reference(self, sample: Sample, dtype: str | None = None):
+        return as_tuple(self.reference_for(dtype)(**sample.kwargs))
 
     def case(self, name: str) -> Case:
         for c in self.cases:

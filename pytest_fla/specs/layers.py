@@ -2,7 +2,8 @@
 
 Every parameter is an input, so the generic checks run on the layer as they do on an op:
 forward and backward (through the input and every weight) against the float64
-composition of the references (``reference.layers``), packed sequences, bad inputs,
+composition of the references (``reference.layers``; in bf16 and fp16 rounded where the
+layer hands its activations from op to op), packed sequences, bad inputs,
 devices, huge batches. Dims: ``C`` the hidden size, ``H`` / ``HV`` query-key / value
 heads of dims ``K`` / ``V``, ``W`` the conv width; ``HK = H K`` and ``HVV = HV V`` are
 derived. Weights are drawn as ``randn / sqrt(fan_in)`` (conv weights ``randn / 2``), so
@@ -112,6 +113,10 @@ GATED_DELTA_NET = OpSpec(
     huge_grid={"B": 10923, "T": 32, "C": 128, "H": 6, "K": 16, "V": 32},
     int64_dims=INT64_DIMS,
     args=ARGS,
+    # bf16/fp16 runs compare with the composition rounded where the layer stores its
+    # activations: at the small sizes the sanitizer runs, rounding them alone moves the
+    # weight gradients by 1-2e-2 (docs/tolerances.md, "Layers")
+    reference_rounds=True,
 )
 
 SPECS = [GATED_DELTA_NET]

@@ -38,8 +38,9 @@ def _layer(dtype, **sizes):
     return layer.to(DTYPES[dtype])
 
 
-def _reference(layer, x):
-    """The module's parameters, as float64 leaves, through the reference composition."""
+def _reference(layer, x, activation_dtype=None):
+    """The module's parameters, as float64 leaves, through the reference composition
+    (rounded where the module hands ``activation_dtype`` tensors from op to op)."""
     params = {name: p.detach().double().requires_grad_(True) for name, p in layer.named_parameters()}
     y = reference.layers.gated_delta_net(
         x, params["q_proj.weight"], params["k_proj.weight"], params["v_proj.weight"], params["a_proj.weight"],
@@ -47,6 +48,7 @@ def _reference(layer, x):
         params["k_conv_weight"], params["v_conv_weight"], params["o_proj.weight"],
         g_weight=params.get("g_proj.weight"), norm_weight=params["norm_weight"],
         num_heads=layer.num_heads, num_v_heads=layer.num_v_heads, norm_eps=layer.norm_eps,
+        activation_dtype=activation_dtype,
     )
     return y, params
 
@@ -61,7 +63,7 @@ def test_module_matches_reference(dtype, training):
     x = torch.randn(2, T, 32, generator=gen).to(device, DTYPES[dtype]).requires_grad_(True)
     y = layer(x)
     x64 = x.detach().double().requires_grad_(True)
-    y_ref, params = _reference(layer, x64)
+    y_ref, params = _reference(layer, x64, None if dtype == "fp32" else DTYPES[dtype])
     assert_close("GatedDeltaNet.y", y, y_ref, dtype)
 
     (dy,) = cotangents([y], seed=2)
@@ -101,3 +103,22 @@ def test_packed_sequences_match_separate_calls():
         for start, end in ((0, 5), (5, 72)):
             alone = layer(x[:, start:end])
             assert_close(f"packed[{start}:{end}] vs alone", packed[:, start:end], alone.double(), "fp32", "agreement")
+
+
+def test_rounded_reference_rounds_values_and_gradients_at_the_handovers():
+    """``activation_dtype`` changes the float64 composition by rounding alone: None is the
+    plain reference bit for bit, fp16 moves the output by about a unit roundoff, and a
+    hand-over rounds the gradient coming back as well as the value going forward."""
+    layer = _layer("fp32", hidden_size=32, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5)
+    x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    plain, _ = _reference(layer, x)
+    assert torch.equal(_reference(layer, x, None)[0], plain)
+    rounded, _ = _reference(layer, x, torch.float16)
+    rel = ((rounded - plain).norm() / plain.norm()).item()
+    assert 1e-5 < rel < 1e-2, f"fp16 hand-overs moved the output by {rel:.1e} (a few fp16 roundoffs expected)"
+
+    t = torch.tensor([1.0 + 2.0 ** -12], dtype=torch.float64, requires_grad=True)
+    out = reference.layers.round_to(t, torch.float16)
+    assert out.item() == 1.0  # fp16 keeps 10 fraction bits
+    (grad,) = torch.autograd.grad(out, t, torch.tensor([1.0 + 2.0 ** -13], dtype=torch.float64))
+    assert grad.item() == 1.0
