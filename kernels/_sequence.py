@@ -1,4 +1,5 @@
-"""Where each sequence lies: in-kernel helpers every family shares.
+"""Where each sequence lies: in-kernel helpers every family shares, and the host-side
+length of the longest packed sequence (:func:`longest_sequence`).
 
 Two launch shapes need them. Sequence programs (a state pass, a recurrent scan) own one
 sequence and ask :func:`sequence_bounds` for its first token and length. Chunk programs
@@ -16,8 +17,12 @@ never read on the host to launch.
 
 from __future__ import annotations
 
+import weakref
+
 import triton
 import triton.language as tl
+
+from ._utils import shapes_only
 
 
 def search_steps(num_sequences: int) -> int:
@@ -87,3 +92,26 @@ def state_slots(B: int, T: int, N: int, chunk: int, varlen: bool) -> int:
     at s ends before row ``(s + L) // chunk + n + 1``, where the next one starts) and below
     ``T // chunk + N``; so no host-side prefix sum over the lengths is needed."""
     return T // chunk + N if varlen else B * -(-T // chunk)
+
+
+# id(host offsets) -> (weakref to them, length of the longest sequence)
+_longest: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def longest_sequence(offsets_host, T: int) -> int:
+    """The longest sequence's length, from the validated host offsets (no device sync);
+    T for fake offsets (shapes only, under torch.compile: it picks launch configs only).
+
+    Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
+    same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
+    """
+    if offsets_host is None or shapes_only():
+        return T
+    hit = _longest.get(id(offsets_host))
+    if hit is not None and hit[0]() is offsets_host:
+        return hit[1]
+    longest = int((offsets_host[1:] - offsets_host[:-1]).max()) if offsets_host.numel() > 1 else 0
+    if len(_longest) > 256:
+        _longest.clear()
+    _longest[id(offsets_host)] = (weakref.ref(offsets_host), longest)
+    return longest

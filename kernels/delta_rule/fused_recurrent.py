@@ -77,7 +77,6 @@ atomics: two runs are bitwise equal.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Optional
 
 import torch
@@ -87,8 +86,8 @@ import triton.language as tl
 from .. import _arch, _validate
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS
-from .._utils import cdiv, contiguous, empty, shapes_only
-from .._sequence import first_state_slot, sequence_bounds, state_slots
+from .._utils import cdiv, contiguous, empty
+from .._sequence import first_state_slot, longest_sequence, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
 GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
@@ -439,7 +438,7 @@ def fused_recurrent_delta_reduce_kernel(
 DECODE_LEN = 4
 
 
-def _forward_config(K: int, V: int, max_len: int, n_heads: int) -> tuple[int, int, int]:
+def forward_config(K: int, V: int, max_len: int, n_heads: int) -> tuple[int, int, int]:
     """(BK, BV, num_warps) of the forward for the target arch.
 
     Decoding (a few tokens per sequence): the state's load and store dominate, so wide
@@ -470,7 +469,7 @@ def _forward_config(K: int, V: int, max_len: int, n_heads: int) -> tuple[int, in
     return BK, BV, 1
 
 
-def _backward_config(K: int, V: int) -> tuple[int, int, int]:
+def backward_config(K: int, V: int) -> tuple[int, int, int]:
     """(BK, BV, num_warps) of the backward's reverse pass.
 
     It holds three [BK, BV] tiles (dS, the replayed state, the next state in flight). On an
@@ -485,7 +484,7 @@ def _backward_config(K: int, V: int) -> tuple[int, int, int]:
     return BK, BV, 8 if BK > 128 else max(1, min(4, BK * BV // 512))
 
 
-def _checkpoint_interval(tokens: int, sequences: int) -> int:
+def checkpoint_interval(tokens: int, sequences: int) -> int:
     """C ~ sqrt(mean sequence length), a power of two in 16..128.
 
     Checkpoints take ``tokens / C + sequences`` states and scratch ``C`` states per
@@ -513,8 +512,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = _forward_config(K, V, _longest_sequence(offsets, T), N * HV)
-    C = _checkpoint_interval(B * T, N)
+    BK, BV, num_warps = forward_config(K, V, longest_sequence(offsets, T), N * HV)
+    C = checkpoint_interval(B * T, N)
     o = empty((B, T, HV, V), v.dtype, q.device)
     ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
@@ -542,9 +541,9 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    C = _checkpoint_interval(B * T, N)
+    C = checkpoint_interval(B * T, N)
     NTOK = B * T
-    BK, BV, num_warps = _backward_config(K, V)
+    BK, BV, num_warps = backward_config(K, V)
     NV = cdiv(V, BV)
     device = q.device
     n_programs = N * HV * NV
@@ -639,29 +638,6 @@ def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     _validate.check_initial_state(op, initial_state, (N, HV, K, V), "[N, HV, K, V]")
     return offsets
-
-
-# id(host offsets) -> (weakref to them, length of the longest sequence)
-_longest: dict[int, tuple[weakref.ref, int]] = {}
-
-
-def _longest_sequence(offsets_host, T: int) -> int:
-    """The longest sequence's length, from the validated host offsets (no device sync);
-    T for fake offsets (shapes only, under torch.compile: it picks launch configs only).
-
-    Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
-    same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
-    """
-    if offsets_host is None or shapes_only():
-        return T
-    hit = _longest.get(id(offsets_host))
-    if hit is not None and hit[0]() is offsets_host:
-        return hit[1]
-    longest = int((offsets_host[1:] - offsets_host[:-1]).max()) if offsets_host.numel() > 1 else 0
-    if len(_longest) > 256:
-        _longest.clear()
-    _longest[id(offsets_host)] = (weakref.ref(offsets_host), longest)
-    return longest
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,

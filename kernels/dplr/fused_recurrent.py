@@ -47,11 +47,9 @@ import triton.language as tl
 
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS
-from .._sequence import first_state_slot, sequence_bounds, state_slots
+from .._sequence import first_state_slot, longest_sequence, sequence_bounds, state_slots
 from .._utils import cdiv, contiguous, empty
-from ..delta_rule.fused_recurrent import (
-    _backward_config, _checkpoint_interval, _forward_config, _longest_sequence,
-)
+from ..delta_rule.fused_recurrent import backward_config, checkpoint_interval, forward_config
 from ._inputs import check_dplr_inputs
 
 
@@ -252,8 +250,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = _forward_config(K, V, _longest_sequence(offsets, T), N * H)
-    C = _checkpoint_interval(B * T, N)
+    BK, BV, num_warps = forward_config(K, V, longest_sequence(offsets, T), N * H)
+    C = checkpoint_interval(B * T, N)
     o = empty(v.shape, v.dtype, q.device)
     ht = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
@@ -277,9 +275,9 @@ def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seq
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    C = _checkpoint_interval(B * T, N)
+    C = checkpoint_interval(B * T, N)
     NTOK = B * T
-    BK, BV, num_warps = _backward_config(K, V)
+    BK, BV, num_warps = backward_config(K, V)
     NV = cdiv(V, BV)
     device = q.device
     n_programs = N * H * NV

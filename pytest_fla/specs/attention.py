@@ -16,7 +16,7 @@ import torch
 
 from ..inputs import Arg, make_factory
 from ..spec import Case, ErrorInput, OpSpec, Sample
-from .common import HUGE_GRID_DIMS, INT64_DIMS, _replace, shape_error_inputs, varlen_error_inputs
+from .common import HUGE_GRID_DIMS, INT64_DIMS, shape_errors, varlen_errors, with_args
 
 ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -41,17 +41,17 @@ def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     case = spec.cases[0]
     kwargs = spec.sample(case, "fp32", device).kwargs
     q, k, v = kwargs["q"], kwargs["k"], kwargs["v"]
-    yield ErrorInput("q_float64", _replace(kwargs, q=q.double()), TypeError, "`q`.*dtype")
-    yield ErrorInput("q_int", _replace(kwargs, q=q.long()), TypeError, "`q`.*dtype")
-    yield ErrorInput("v_dtype_differs", _replace(kwargs, v=v.half()), TypeError, "`v`")
-    yield ErrorInput("q_3d", _replace(kwargs, q=q[0].contiguous()), ValueError, "`q`")
-    yield from shape_error_inputs(spec, kwargs, "q")
-    yield ErrorInput("k_head_dim_differs", _replace(kwargs, k=torch.cat([k, k[..., :1]], -1)), ValueError, "`k`")
+    yield ErrorInput("q_float64", with_args(kwargs, q=q.double()), TypeError, "`q`.*dtype")
+    yield ErrorInput("q_int", with_args(kwargs, q=q.long()), TypeError, "`q`.*dtype")
+    yield ErrorInput("v_dtype_differs", with_args(kwargs, v=v.half()), TypeError, "`v`")
+    yield ErrorInput("q_3d", with_args(kwargs, q=q[0].contiguous()), ValueError, "`q`")
+    yield from shape_errors(spec, kwargs, "q")
+    yield ErrorInput("k_head_dim_differs", with_args(kwargs, k=torch.cat([k, k[..., :1]], -1)), ValueError, "`k`")
     H = q.shape[2]
-    three = _replace(kwargs, q=q[:, :, :1].expand(-1, -1, 4, -1).contiguous(),
+    three = with_args(kwargs, q=q[:, :, :1].expand(-1, -1, 4, -1).contiguous(),
                      k=k[:, :, :1].expand(-1, -1, 3, -1).contiguous(), v=v[:, :, :1].expand(-1, -1, 3, -1).contiguous())
     yield ErrorInput("heads_not_a_multiple", three, ValueError, "`k`.*HKV|HKV.*`k`")
-    more_kv = _replace(kwargs, k=torch.cat([k] * (H + 1), 2)[:, :, : H + 1].contiguous(),
+    more_kv = with_args(kwargs, k=torch.cat([k] * (H + 1), 2)[:, :, : H + 1].contiguous(),
                        v=torch.cat([v] * (H + 1), 2)[:, :, : H + 1].contiguous())
     yield ErrorInput("more_kv_heads_than_q", more_kv, ValueError, "HKV")
     # explicit dims on every device: a case's GPU dims would put the head dim back in range
@@ -60,14 +60,14 @@ def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
                      "512.*supported range")
     yield ErrorInput("value_head_dim_512", spec.sample(big.with_dims(K=16, V=512), "fp32", device).kwargs,
                      ValueError, "512.*supported range")
-    yield ErrorInput("window_size_0", _replace(kwargs, window_size=0), ValueError, "`window_size`")
-    yield ErrorInput("window_size_float", _replace(kwargs, window_size=2.5), TypeError, "`window_size`")
-    yield ErrorInput("window_size_bool", _replace(kwargs, window_size=True), TypeError, "`window_size`")
-    yield ErrorInput("scale_nan", _replace(kwargs, scale=float("nan")), ValueError, "`scale`")
-    yield ErrorInput("scale_str", _replace(kwargs, scale="0.1"), TypeError, "`scale`")
-    yield ErrorInput("scale_tensor", _replace(kwargs, scale=torch.tensor(0.1)), TypeError, "`scale`")
-    yield ErrorInput("causal_none", _replace(kwargs, causal=None), TypeError, "`causal`")
-    yield from varlen_error_inputs(spec, case, device)
+    yield ErrorInput("window_size_0", with_args(kwargs, window_size=0), ValueError, "`window_size`")
+    yield ErrorInput("window_size_float", with_args(kwargs, window_size=2.5), TypeError, "`window_size`")
+    yield ErrorInput("window_size_bool", with_args(kwargs, window_size=True), TypeError, "`window_size`")
+    yield ErrorInput("scale_nan", with_args(kwargs, scale=float("nan")), ValueError, "`scale`")
+    yield ErrorInput("scale_str", with_args(kwargs, scale="0.1"), TypeError, "`scale`")
+    yield ErrorInput("scale_tensor", with_args(kwargs, scale=torch.tensor(0.1)), TypeError, "`scale`")
+    yield ErrorInput("causal_none", with_args(kwargs, causal=None), TypeError, "`causal`")
+    yield from varlen_errors(spec, case, device)
 
 
 # CPU sizes: T past one 64-key block and not a multiple of it, head dims not powers of two

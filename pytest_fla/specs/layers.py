@@ -19,7 +19,7 @@ import torch
 
 from ..inputs import Arg, make_factory
 from ..spec import Case, ErrorInput, OpSpec, Sample
-from .common import INT64_DIMS, _replace, varlen_error_inputs
+from .common import INT64_DIMS, varlen_errors, with_args
 
 ARGS = {
     "x": Arg(("B", "T", "C")),
@@ -73,15 +73,15 @@ def _factory():
 def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     case = spec.cases[0]
     kw = spec.sample(case, "fp32", device).kwargs
-    yield ErrorInput("x_float64", _replace(kw, x=kw["x"].double()), TypeError, "`x`.*dtype")
-    yield ErrorInput("x_2d", _replace(kw, x=kw["x"][0].contiguous()), ValueError, "`x`")
-    yield ErrorInput("q_weight_bf16", _replace(kw, q_weight=kw["q_weight"].bfloat16()), TypeError, "`q_weight`")
+    yield ErrorInput("x_float64", with_args(kw, x=kw["x"].double()), TypeError, "`x`.*dtype")
+    yield ErrorInput("x_2d", with_args(kw, x=kw["x"][0].contiguous()), ValueError, "`x`")
+    yield ErrorInput("q_weight_bf16", with_args(kw, q_weight=kw["q_weight"].bfloat16()), TypeError, "`q_weight`")
     for name in ("k_weight", "v_weight", "a_weight", "o_weight", "A_log", "v_conv_weight", "g_weight", "norm_weight"):
         t = kw[name]
-        yield ErrorInput(f"{name}_shape", _replace(kw, **{name: t[..., :-1].contiguous()}), ValueError, f"`{name}`.*shape")
-    yield ErrorInput("num_heads_not_dividing", _replace(kw, num_heads=kw["num_v_heads"] + 1), ValueError, "num_heads|num_v_heads")
-    yield ErrorInput("mode_unknown", _replace(kw, mode="parallel"), ValueError, "`mode`")
-    yield from varlen_error_inputs(spec, case, device)
+        yield ErrorInput(f"{name}_shape", with_args(kw, **{name: t[..., :-1].contiguous()}), ValueError, f"`{name}`.*shape")
+    yield ErrorInput("num_heads_not_dividing", with_args(kw, num_heads=kw["num_v_heads"] + 1), ValueError, "num_heads|num_v_heads")
+    yield ErrorInput("mode_unknown", with_args(kw, mode="parallel"), ValueError, "`mode`")
+    yield from varlen_errors(spec, case, device)
 
 
 SMALL = {"B": 2, "T": 80, "C": 32, "H": 1, "HV": 2, "K": 16, "V": 24}

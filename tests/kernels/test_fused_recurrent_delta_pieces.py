@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import reference
 from kernels import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda
-from kernels.delta_rule.fused_recurrent import _backward_config, _checkpoint_interval
+from kernels.delta_rule.fused_recurrent import backward_config, checkpoint_interval
 from pytest_fla.devices import numeric_device
 from pytest_fla.launches import observe_launches
 from pytest_fla.tolerance import assert_close
@@ -81,8 +81,8 @@ def test_backward_across_checkpoint_boundaries(device, gate):
     HV = 2 if gate == "head" else 1
     C = 16
     lengths = [C - 1, C + 1, 0, 2 * C + 1]
-    assert _checkpoint_interval(sum(lengths), len(lengths)) == C
-    assert V > _backward_config(K, V)[1], "the value axis must span more than one backward program"
+    assert checkpoint_interval(sum(lengths), len(lengths)) == C
+    assert V > backward_config(K, V)[1], "the value axis must span more than one backward program"
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
     T = int(cu[-1])
     gen = torch.Generator().manual_seed(11)
