@@ -117,7 +117,8 @@ def backward_chunk(g, o, h0, do, dx, dg, i_n, t0, n_rows, starts_sequence, d0, D
     i = tl.arange(0, BT)
     cols, m_d = channel_block(d0, D, BD)
     b_g = tl.load(g + t0 * D + offs, mask=mask, other=0.0).to(tl.float32)
-    at_start = (i[:, None] == n_rows - 1) & starts_sequence
+    # a scalar condition joins the block mask through tl.where (kernels/README.md, Triton 3.9)
+    at_start = tl.where(starts_sequence, i[:, None] == n_rows - 1, False)
     h_prev = tl.load(o + t0 * D + offs - D, mask=mask & ~at_start, other=0.0).to(tl.float32)
     if USE_H0:
         b_h0 = tl.load(h0 + i_n * D + cols, mask=m_d, other=0.0)
