@@ -159,27 +159,12 @@ def score_grad_kernel(
 
 
 @triton.jit
-def qkabg_grad_kernel(
-    q, k, a, b, gk, do, u, v, dY, h, dh, dA_qk, dA_qb, dA_ak, dA_ab, dA_unit,
-    dq, dk, da, db, dg,
-    cu_seqlens, chunk_map, T, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-):
-    NK: tl.constexpr = (K + BK - 1) // BK
-    pid = tl.program_id(0).to(tl.int64)
-    i_k = (pid % NK).to(tl.int32)
-    i_chunk = (pid // NK) // H
-    i_h = (pid // NK) % H
-    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
-    n_valid = tl.minimum(eos - t0, BT)
-    row0 = t0 * H + i_h
-    DT = dA_qk.dtype.element_ty
-    rows = tl.arange(0, BT)
-    h_base = h + (slot * H + i_h) * K * V
-    dh_base = dh + (slot * H + i_h) * K * V
-
-    # inter-chunk terms: the gradients of Qg, Ag, Bg, Kg (this key block)
+def _inter_chunk_grads(do, u, v, dY, h_base, dh_base, row0, n_valid, i_k,
+                       H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, DT: tl.constexpr):
+    """The inter-chunk terms of one key block, over the value blocks: the gradients of the
+    gated operands Qg, Ag (through the chunk's incoming state h) and Bg, Kg (through its
+    gradient dh), and sum_v h dh per key channel."""
     b_dqg = tl.zeros([BT, BK], dtype=tl.float32)
     b_dag = tl.zeros([BT, BK], dtype=tl.float32)
     b_dbg = tl.zeros([BT, BK], dtype=tl.float32)
@@ -197,6 +182,66 @@ def qkabg_grad_kernel(
         b_dbg += mm(b_u, tl.trans(b_dh))
         b_dkg += mm(b_v, tl.trans(b_dh))
         b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+    return b_dqg, b_dag, b_dbg, b_dkg, b_hdh
+
+
+@triton.jit
+def _unit_pair_grads(dA_unit, t0, i_h, n_valid, b_q, b_k, b_a, b_b, H: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr):
+    """What the unit-factor pairs add to dq, da, dk, db: the diagonals of A_qk, A_qb and
+    the sub-diagonals (i, i - 1) of A_ak, A_ab, which the level loop leaves out."""
+    rows = tl.arange(0, BT)
+    valid = rows < n_valid
+    unit = dA_unit + (t0 + rows) * (H * 4) + i_h * 4
+    d_qk_ii = tl.load(unit, mask=valid, other=0.0)
+    d_qb_ii = tl.load(unit + 1, mask=valid, other=0.0)
+    d_ak_sub = tl.load(unit + 2, mask=valid, other=0.0)
+    d_ab_sub = tl.load(unit + 3, mask=valid, other=0.0)
+    next_row = rows + 1 < n_valid
+    d_ak_next = tl.load(unit + H * 4 + 2, mask=next_row, other=0.0)
+    d_ab_next = tl.load(unit + H * 4 + 3, mask=next_row, other=0.0)
+    prev = tl.broadcast_to(tl.maximum(rows - 1, 0)[:, None], (BT, BK))
+    nxt = tl.broadcast_to(tl.minimum(rows + 1, BT - 1)[:, None], (BT, BK))
+    b_a_next = tl.gather(b_a, nxt, axis=0)
+    u_dq = d_qk_ii[:, None] * b_k + d_qb_ii[:, None] * b_b
+    u_da = d_ak_sub[:, None] * tl.gather(b_k, prev, axis=0) + d_ab_sub[:, None] * tl.gather(b_b, prev, axis=0)
+    u_dk = d_qk_ii[:, None] * b_q + d_ak_next[:, None] * b_a_next
+    u_db = d_qb_ii[:, None] * b_q + d_ab_next[:, None] * b_a_next
+    return u_dq, u_da, u_dk, u_db
+
+
+@triton.jit
+def _gate_grad(b_X, b_ada, b_Y, b_g, b_hdh, BT: tl.constexpr):
+    """dgk_s = sum_{t >= s} X_t + sum_{t > s} (a da)_t + sum_{t < s} Y_t + e^{G_C} sum_v h dh,
+    the sums over the chunk's rows as products with triangular masks."""
+    rows = tl.arange(0, BT)
+    from_later = (rows[:, None] <= rows[None, :]).to(tl.float32)
+    after = (rows[:, None] < rows[None, :]).to(tl.float32)
+    before = (rows[:, None] > rows[None, :]).to(tl.float32)
+    b_dg = mm(from_later, b_X) + mm(after, b_ada) + mm(before, b_Y)
+    return b_dg + (tl.exp(tl.sum(b_g, axis=0)) * b_hdh)[None, :]
+
+
+@triton.jit
+def qkabg_grad_kernel(
+    q, k, a, b, gk, do, u, v, dY, h, dh, dA_qk, dA_qb, dA_ak, dA_ab, dA_unit,
+    dq, dk, da, db, dg,
+    cu_seqlens, chunk_map, T, scale,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    NK: tl.constexpr = (K + BK - 1) // BK
+    pid = tl.program_id(0).to(tl.int64)
+    i_k = (pid % NK).to(tl.int32)
+    i_chunk = (pid // NK) // H
+    i_h = (pid // NK) % H
+    i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
+    n_valid = tl.minimum(eos - t0, BT)
+    row0 = t0 * H + i_h
+    DT = dA_qk.dtype.element_ty
+    b_dqg, b_dag, b_dbg, b_dkg, b_hdh = _inter_chunk_grads(
+        do, u, v, dY, h + (slot * H + i_h) * K * V, dh + (slot * H + i_h) * K * V, row0, n_valid, i_k,
+        H, K, V, BT, BK, BV, DT)
 
     b_q, b_k, b_a, b_b, b_g = load_chunk_rows(q, k, a, b, gk, row0, n_valid, i_k * BK, scale, H, K, BT, BK)
     b_dAqk = rows_tile(dA_qk + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
@@ -240,32 +285,14 @@ def qkabg_grad_kernel(
     b_da = b_dag * tl.exp(Lx) + b_dai
     b_dk_inter = b_dkg * tl.exp(R)
     b_db_inter = b_dbg * tl.exp(R)
-    # dgk_s = sum_{t >= s} X_t + sum_{t > s} (a da)_t + sum_{t < s} Y_t + e^{G_C} sum_v h dh
-    b_X = b_q * b_dq - b_k * b_dki - b_b * b_dbi
-    b_Y = b_k * b_dk_inter + b_b * b_db_inter
-    from_later = (rows[:, None] <= rows[None, :]).to(tl.float32)
-    after = (rows[:, None] < rows[None, :]).to(tl.float32)
-    before = (rows[:, None] > rows[None, :]).to(tl.float32)
-    b_dg = mm(from_later, b_X) + mm(after, b_a * b_da) + mm(before, b_Y)
-    b_dg += (tl.exp(tl.sum(b_g, axis=0)) * b_hdh)[None, :]
+    b_dg = _gate_grad(b_q * b_dq - b_k * b_dki - b_b * b_dbi, b_a * b_da, b_k * b_dk_inter + b_b * b_db_inter,
+                      b_g, b_hdh, BT)
 
-    # the unit-factor pairs: A_qk, A_qb diagonals; A_ak, A_ab sub-diagonals (i, i - 1)
-    valid = rows < n_valid
-    unit = dA_unit + (t0 + rows) * (H * 4) + i_h * 4
-    d_qk_ii = tl.load(unit, mask=valid, other=0.0)
-    d_qb_ii = tl.load(unit + 1, mask=valid, other=0.0)
-    d_ak_sub = tl.load(unit + 2, mask=valid, other=0.0)
-    d_ab_sub = tl.load(unit + 3, mask=valid, other=0.0)
-    next_row = rows + 1 < n_valid
-    d_ak_next = tl.load(unit + H * 4 + 2, mask=next_row, other=0.0)
-    d_ab_next = tl.load(unit + H * 4 + 3, mask=next_row, other=0.0)
-    prev = tl.broadcast_to(tl.maximum(rows - 1, 0)[:, None], (BT, BK))
-    nxt = tl.broadcast_to(tl.minimum(rows + 1, BT - 1)[:, None], (BT, BK))
-    b_a_next = tl.gather(b_a, nxt, axis=0)
-    b_dq += d_qk_ii[:, None] * b_k + d_qb_ii[:, None] * b_b
-    b_da += d_ak_sub[:, None] * tl.gather(b_k, prev, axis=0) + d_ab_sub[:, None] * tl.gather(b_b, prev, axis=0)
-    b_dk = b_dki + b_dk_inter + d_qk_ii[:, None] * b_q + d_ak_next[:, None] * b_a_next
-    b_db = b_dbi + b_db_inter + d_qb_ii[:, None] * b_q + d_ab_next[:, None] * b_a_next
+    u_dq, u_da, u_dk, u_db = _unit_pair_grads(dA_unit, t0, i_h, n_valid, b_q, b_k, b_a, b_b, H, BT, BK)
+    b_dq += u_dq
+    b_da += u_da
+    b_dk = b_dki + b_dk_inter + u_dk
+    b_db = b_dbi + b_db_inter + u_db
 
     col0 = i_k * BK
     rows_tile_store(dq + row0 * K, b_dq * scale, n_valid, H * K, K, col0, BT, BK)
