@@ -165,64 +165,34 @@ def kda_grad_matrices_kernel(
 
 
 @triton.jit
-def kda_grad_keys_kernel(
-    q, k, g, beta, L, h, dh, vn, dvn, do, rq, rk, dPs, dA,
-    dq, dk, dg,
-    cu_seqlens, chunk_map, T, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
-    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    """One program per (chunk, value head, key block): dq, dk with respect to the
-    (normalised) q, k of the recurrence, and dg. A key block per program, as GLA's
-    backward: with a loop over key blocks the level-masked copies of dPs and dA, the same
-    in every iteration, were hoisted out of it and overflowed shared memory."""
-    NK: tl.constexpr = (K + BK - 1) // BK
-    NV: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_k = (pid % NK).to(tl.int32)
-    i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
-        pid // NK, cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
-    WT = L.dtype.element_ty
-    h_base = h + (slot * HV + i_hv) * K * V
-    dh_base = dh + (slot * HV + i_hv) * K * V
-    qk_base = (t0 * H + i_h) * K
-    g_base = (t0 * HV + i_hv) * K
-    v_row0 = (t0 * HV + i_hv) * V
-    m_row0 = (t0 * HV + i_hv) * BT
-
-    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
-    b_rq = tl.where(valid, 1.0, 0.0)
-    b_rk = tl.where(valid, 1.0, 0.0)
-    if L2NORM:
-        b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
-        b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
-    b_Ld = rows_tile(L + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
-    b_dPs = rows_tile(dPs + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
-    b_dA = rows_tile(dA + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
-    b_dP_self = tl.sum(tl.where(rows[:, None] == rows[None, :], b_dPs.to(tl.float32), 0.0), axis=1)
-
-    # inter-chunk contractions over V: dO h^T, dU h^T, U dh^T, and <h, dh> per key row
+def _inter_chunk_contractions(do, vn, dvn, h_base, dh_base, n_valid, i_k, HV: tl.constexpr, K: tl.constexpr,
+                              V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                              WT: tl.constexpr):
+    """The inter-chunk contractions over V for one key block: dO h^T, dU h^T, U dh^T, and
+    <h, dh> per key row (``do``, ``vn``, ``dvn`` at the chunk's first row)."""
     b_dqh = tl.zeros([BT, BK], dtype=tl.float32)
     b_dUh = tl.zeros([BT, BK], dtype=tl.float32)
     b_Udh = tl.zeros([BT, BK], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(NV):
-        b_do = rows_tile(do + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV).to(WT)
-        b_vn = rows_tile(vn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
-        b_dvn = rows_tile(dvn + v_row0, n_valid, HV * V, V, i_v * BV, BT, BV)
+    for i_v in range(tl.cdiv(V, BV)):
+        b_do = rows_tile(do, n_valid, HV * V, V, i_v * BV, BT, BV).to(WT)
+        b_vn = rows_tile(vn, n_valid, HV * V, V, i_v * BV, BT, BV)
+        b_dvn = rows_tile(dvn, n_valid, HV * V, V, i_v * BV, BT, BV)
         b_h = state_piece_load(h_base, i_k, i_v, K, V, BK, BV)
         b_dh = state_piece_load(dh_base, i_k, i_v, K, V, BK, BV)
         b_dqh += mm(b_do, tl.trans(b_h))
         b_dUh += mm(b_dvn, tl.trans(b_h))
         b_Udh += mm(b_vn, tl.trans(b_dh))
         b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
-    b_q = _unit_rows(q + qk_base, n_valid, H, K, i_k * BK, b_rq, BT, BK)
-    b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
-    b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
+    return b_dqh, b_dUh, b_Udh, b_hdh
 
-    # The in-chunk pairs i > j, level by level, for P (q_i, k_j) and A (k_i, k_j): the row
-    # side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}).
+
+@triton.jit
+def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, BK: tl.constexpr,
+                         LEVELS: tl.constexpr, WT: tl.constexpr):
+    """The in-chunk pairs i > j, level by level, for P (q_i, k_j) and A (k_i, k_j): the row
+    side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}). Returns their
+    dq, dk (from P), dk (from A's rows and columns) and the level sums L = G, R = G_C - G."""
     dq_P = tl.zeros([BT, BK], dtype=tl.float32)
     dk_P = tl.zeros([BT, BK], dtype=tl.float32)
     dk_Arow = tl.zeros([BT, BK], dtype=tl.float32)
@@ -243,6 +213,53 @@ def kda_grad_keys_kernel(
         dk_Arow += row_factor * mm(d_A, k_left)
         dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
         b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
+    return dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R
+
+
+@triton.jit
+def kda_grad_keys_kernel(
+    q, k, g, beta, L, h, dh, vn, dvn, do, rq, rk, dPs, dA,
+    dq, dk, dg,
+    cu_seqlens, chunk_map, T, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
+    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """One program per (chunk, value head, key block): dq, dk with respect to the
+    (normalised) q, k of the recurrence, and dg. A key block per program, as GLA's
+    backward: with a loop over key blocks the level-masked copies of dPs and dA, the same
+    in every iteration, were hoisted out of it and overflowed shared memory."""
+    NK: tl.constexpr = (K + BK - 1) // BK
+    pid = tl.program_id(0).to(tl.int64)
+    i_k = (pid % NK).to(tl.int32)
+    i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
+        pid // NK, cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
+    WT = L.dtype.element_ty
+    qk_base = (t0 * H + i_h) * K
+    g_base = (t0 * HV + i_hv) * K
+    v_row0 = (t0 * HV + i_hv) * V
+    m_row0 = (t0 * HV + i_hv) * BT
+
+    b_beta = tl.load(beta + (t0 + rows) * HV + i_hv, mask=valid, other=0.0).to(tl.float32)
+    b_rq = tl.where(valid, 1.0, 0.0)
+    b_rk = tl.where(valid, 1.0, 0.0)
+    if L2NORM:
+        b_rq = tl.load(rq + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+        b_rk = tl.load(rk + (t0 + rows) * H + i_h, mask=valid, other=0.0)
+    b_Ld = rows_tile(L + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
+    b_dPs = rows_tile(dPs + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
+    b_dA = rows_tile(dA + m_row0, n_valid, HV * BT, BT, 0, BT, BT)
+    b_dP_self = tl.sum(tl.where(rows[:, None] == rows[None, :], b_dPs.to(tl.float32), 0.0), axis=1)
+
+    b_dqh, b_dUh, b_Udh, b_hdh = _inter_chunk_contractions(
+        do + v_row0, vn + v_row0, dvn + v_row0, h + (slot * HV + i_hv) * K * V, dh + (slot * HV + i_hv) * K * V,
+        n_valid, i_k, HV, K, V, BT, BK, BV, WT)
+    b_q = _unit_rows(q + qk_base, n_valid, H, K, i_k * BK, b_rq, BT, BK)
+    b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
+    b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
+
+    dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R = _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK,
+                                                                  LEVELS, WT)
     # L = G, R = G_C - G
     b_eG = tl.exp(b_L)
     dq_inter = b_dqh * b_eG * scale
