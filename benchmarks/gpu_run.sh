@@ -105,12 +105,12 @@ case "$part" in
     cat "$LOGS/sanitizer_cost.log"
     ;;
   peer)
-    # Module isolation: a device fault (a mis-shaped gate read out of bounds) fails its own test, and the
+    # Batch isolation (one subprocess per check and op): a device fault (a mis-shaped gate read out of bounds) fails its own test, and the
     # module's remaining tests go on in a fresh process instead of failing after it. The 2**31-element
     # checks are left out unless FLA_PEER_MARKERS says otherwise (tens of GiB and minutes per op).
     tag=${FLA_PEER_TAG:-all}
     timeout -s INT -k 30 "${FLA_PEER_TIMEOUT:-540}" python3 -m pytest tests/test_conformance.py --fla-impl=fla \
-      --fla-isolate=module -n "${FLA_WORKERS:-8}" -v -rs -p no:cacheprovider -m "${FLA_PEER_MARKERS:-not large_memory}" \
+      --fla-isolate="${FLA_PEER_ISOLATE:-batch}" -n "${FLA_WORKERS:-8}" -v -rs -p no:cacheprovider -m "${FLA_PEER_MARKERS:-not large_memory}" \
       --fla-report="$LOGS/report_$tag.json" "$@" > "$LOGS/tests_$tag.log" 2>&1
     echo "peer suite exit $? (failures are the peer's: this run is a report)" >> "$LOGS/tests_$tag.log"
     python3 benchmarks/peer_report.py "$LOGS/report_$tag.json" > "$LOGS/peer_$tag.md"

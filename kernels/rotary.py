@@ -123,22 +123,14 @@ def _tile_config(H: int, width: int, elements: int = 8192):
     return BLOCK_T, BLOCK_H, num_warps
 
 
-_inv_freqs = _utils.device_cache()
-
-
 def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """float64 ``base^(-2i/R)``, ``i < R/2``, cached per (R, base, device)."""
-    key = (rotary_dim, base, str(device))
-    hit = _inv_freqs.get(key)
-    if hit is None:
-        exponents = torch.arange(rotary_dim // 2, dtype=torch.float64) * 2 / rotary_dim
-        hit = (base ** -exponents).to(device)
-        if _utils.shapes_only():  # a fake tensor (kernels/_library.py): never cached
-            return hit
-        if len(_inv_freqs) > 64:
-            _inv_freqs.clear()
-        _inv_freqs[key] = hit
-    return hit
+    """float64 ``base^(-2i/R)``, ``i < R/2``, made on the device at every call (three tiny
+    launches). Not cached: under ``torch.compile(mode="reduce-overhead")`` a tensor first
+    made during a CUDA-graph tree's warm-up lives in the graph's private pool, and one kept
+    past the call is rejected there as an untracked allocation (found by the suite's
+    CUDA-graph check on the H100); nor copied from the host, which a capture cannot hold."""
+    exponents = torch.arange(rotary_dim // 2, dtype=torch.float64, device=device) * 2 / rotary_dim
+    return torch.pow(base, -exponents)
 
 
 def _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse):

@@ -626,7 +626,8 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     kernels take 255 registers at 8 warps on sm90 (one block per SM); the state kernels
     ~150 at K = 128. Timed on an H200 (B=4, T=4096, H=16, K=V=128, bf16), an earlier
     build of the chunk-parallel kernels ran fastest at these block sizes and 8 warps,
-    and 4 warps in ``_qkg_bwd`` faulted (illegal address), so it stays at 8.
+    and 4 warps in ``_qkg_bwd`` faulted (illegal address), so it stays at 8, except in
+    fp32 at V <= 16, where 8 faulted and 4 did not.
     """
     BK = _utils.block_size(K)
     BV_full = _utils.block_size(V)
@@ -642,7 +643,11 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # _Layout.state_prec
         "state": dict(BV=state_bv, num_warps=8 if BK >= 128 and state_bv >= 32 else 4,
                       num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
-        "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=8, num_stages=1),
+        # fp32 at a 16-wide value block (V <= 16) read shared memory out of bounds at 8 warps
+        # on sm90 (Triton 3.6, memcheck: _value_contractions' loads, benchmarks/gpu_diagnose.py);
+        # 4 warps ran clean there
+        "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=4 if elt == 4 and BV_full <= 16 else 8,
+                    num_stages=1),
         # None: the state pass computes the output on its way (one pass over the chunk
         # operands). A dict: the state pass keeps to the recurrence and stores every chunk
         # state, and _output_fwd computes the output with these block sizes, all chunks in
