@@ -86,7 +86,7 @@ import triton.language as tl
 from .. import _arch, _validate
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS
-from .._utils import cdiv, contiguous, empty
+from .._utils import cdiv, contiguous, empty, shapes_only
 from .._sequence import first_state_slot, longest_sequence, sequence_bounds, state_slots
 
 GATE_NONE = 0  # delta rule
@@ -512,13 +512,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = forward_config(K, V, longest_sequence(offsets, T), N * HV)
     C = checkpoint_interval(B * T, N)
     o = empty((B, T, HV, V), v.dtype, q.device)
     ht = empty((N, HV, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
     if save_checkpoints:
         ckpt = empty((state_slots(B, T, N, C, cu_seqlens is not None), HV, K, V), torch.float32, q.device)
+    if shapes_only():  # no launch: tile sizes from symbolic sizes cost sympy minutes under tracing
+        return (o, ht), (ckpt,)
+    BK, BV, num_warps = forward_config(K, V, longest_sequence(offsets, T), N * HV)
     grid = (N * HV * cdiv(V, BV),)
     if grid[0] > 0:
         fused_recurrent_delta_fwd_kernel[grid](
@@ -537,6 +539,12 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
               output_final_state, l2norm, *, gate):
     """The backward launches: gradients of the tensor arguments."""
     (ckpt,) = saved
+    if shapes_only():  # the gradients' shapes are the inputs'; the scratch buffers never leave
+        return dict(q=empty(q.shape, q.dtype, q.device), k=empty(k.shape, k.dtype, k.device),
+                    v=empty(v.shape, v.dtype, v.device), g=None if gate == GATE_NONE else empty(g.shape, g.dtype, g.device),
+                    beta=empty(beta.shape, beta.dtype, beta.device),
+                    initial_state=None if initial_state is None else empty(initial_state.shape, torch.float32,
+                                                                           initial_state.device))
     q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
