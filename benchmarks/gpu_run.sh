@@ -106,7 +106,8 @@ case "$part" in
     ;;
   peer)
     # Batch isolation (one subprocess per check and op): a device fault (a mis-shaped gate read out of bounds) fails its own test, and the
-    # module's remaining tests go on in a fresh process instead of failing after it. The 2**31-element
+    # batch's remaining tests go on in a fresh process instead of failing after it (module isolation reported nothing in
+    # 480 s: the suite is one module, so each worker ran one long batch). The 2**31-element
     # checks are left out unless FLA_PEER_MARKERS says otherwise (tens of GiB and minutes per op).
     tag=${FLA_PEER_TAG:-all}
     timeout -s INT -k 30 "${FLA_PEER_TIMEOUT:-540}" python3 -m pytest tests/test_conformance.py --fla-impl=fla \

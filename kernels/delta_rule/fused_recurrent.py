@@ -539,13 +539,14 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
               output_final_state, l2norm, *, gate):
     """The backward launches: gradients of the tensor arguments."""
     (ckpt,) = saved
-    if shapes_only():  # the gradients' shapes are the inputs'; the scratch buffers never leave
-        return dict(q=empty(q.shape, q.dtype, q.device), k=empty(k.shape, k.dtype, k.device),
-                    v=empty(v.shape, v.dtype, v.device), g=None if gate == GATE_NONE else empty(g.shape, g.dtype, g.device),
-                    beta=empty(beta.shape, beta.dtype, beta.device),
-                    initial_state=None if initial_state is None else empty(initial_state.shape, torch.float32,
-                                                                           initial_state.device))
     q, k, v, g, beta, initial_state, do, dht = contiguous(q, k, v, g, beta, initial_state, *grads)
+    device = q.device
+    result = dict(q=empty(q.shape, q.dtype, device), k=empty(k.shape, k.dtype, device),
+                  v=empty(v.shape, v.dtype, device), g=empty(g.shape, g.dtype, device) if gate != GATE_NONE else None,
+                  beta=empty(beta.shape, beta.dtype, device),
+                  initial_state=empty(initial_state.shape, torch.float32, device) if initial_state is not None else None)
+    if shapes_only():  # the gradients' shapes are the inputs'; no tile sizes (see _forward)
+        return result
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -553,7 +554,6 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
     NTOK = B * T
     BK, BV, num_warps = backward_config(K, V)
     NV = cdiv(V, BV)
-    device = q.device
     n_programs = N * HV * NV
 
     scratch = empty((n_programs, C, BK, BV), torch.float32, device)
@@ -563,8 +563,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
     dg_part = None
     if gate != GATE_NONE:
         dg_part = empty((NV, NTOK, *g.shape[2:]), torch.float32, device)
-    dv = empty(v.shape, v.dtype, device)
-    dh0 = empty(initial_state.shape, torch.float32, device) if initial_state is not None else None
+    dv, dh0 = result["v"], result["initial_state"]
     if n_programs > 0:
         fused_recurrent_delta_bwd_kernel[(n_programs,)](
             q, k, v, g, beta, do, dht, ckpt, scratch, cu_seqlens,
@@ -576,10 +575,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
             num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
 
-    dq = empty(q.shape, q.dtype, device)
-    dk = empty(k.shape, k.dtype, device)
-    dbeta = empty(beta.shape, beta.dtype, device)
-    dg = empty(g.shape, g.dtype, device) if gate != GATE_NONE else None
+    dq, dk, dbeta, dg = result["q"], result["k"], result["beta"], result["g"]
     BT = max(2048 // BK, 1)
     n_blocks = cdiv(NTOK, BT) * H
     if n_blocks > 0:
@@ -588,7 +584,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
             num_warps=4, **COMPILE_OPTIONS,
         )
-    return dict(q=dq, k=dk, v=dv, g=dg, beta=dbeta, initial_state=dh0)
+    return result
 
 
 OPS = {
