@@ -87,6 +87,7 @@ CHUNK_SIZE = 64
 # bytes already at K = 128: sm75 always takes the fused backward.
 FP32_WIDE_K_SMEM = 140 * 1024
 SMALL_SMEM = 96 * 1024
+_TRITON_3_8 = triton.__version__.startswith("3.8.")
 
 
 def _chunk_grad_fits(K: int, dtype, gamma_only: bool = False) -> bool:
@@ -101,6 +102,11 @@ def _chunk_grad_fits(K: int, dtype, gamma_only: bool = False) -> bool:
     if _arch.target_arch() >= 100 and K > 128:
         # sm100's tensor-core path stages more: 237648 bytes for bf16 at K = 256 even with
         # the sm90 config, 393224 for fp32 (offline compile); K > 128 takes the fused backward
+        return False
+    if dtype == torch.float32 and K > 128 and _TRITON_3_8:
+        # Triton 3.8 holds the whole-K fp32 tiles in one more layout: 262144 bytes at
+        # K = 256 on sm90 (limit 232448) whatever the warps, stages or value block
+        # (offline compile, kernels/README.md); 3.6, 3.7 and 3.9 need 163840 there
         return False
     return not (dtype == torch.float32 and K > 128 and smem < FP32_WIDE_K_SMEM)
 
