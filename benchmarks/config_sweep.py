@@ -117,6 +117,32 @@ VARIANTS = {
     },
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
+VARIANTS["rms_norm_gated"] = {
+    "default": [],
+    "bwd tile 4096": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 4096),
+    "bwd tile 8192": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 8192),
+    "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
+}
+VARIANTS["rotary"] = {
+    "default": [],
+    "tile 4096": ("kernels.rotary", "_tile_config", lambda base: lambda H, width, elements=8192: base(H, width, 4096)),
+    "tile 16384": ("kernels.rotary", "_tile_config", lambda base: lambda H, width, elements=8192: base(H, width, 16384)),
+}
+
+
+def _more_programs(partials_module, factor: int):
+    """A stand-in for ``kernels._partials`` whose ``partial_programs`` plans ``factor`` times
+    the programs (capped by the work items)."""
+    import types
+
+    def partial_programs(device, work_items, num_warps):
+        return min(work_items, factor * partials_module.partial_programs(device, work_items, num_warps))
+    return types.SimpleNamespace(partial_programs=partial_programs, column_sum=partials_module.column_sum)
+
+
+def variants_of(op: str) -> dict:
+    """The op's variants; an op without a table is timed as it is (and against a baseline)."""
+    return VARIANTS.get(op, {"default": []})
 
 
 def _patches(patch) -> list:
@@ -128,7 +154,7 @@ def apply(op: str, label: str) -> list:
     import importlib
 
     undo = []
-    for module, attr, wrap in _patches(VARIANTS[op][label]):
+    for module, attr, wrap in _patches(variants_of(op)[label]):
         mod = importlib.import_module(module)
         base = getattr(mod, attr)
         undo.append((mod, attr, base))
@@ -266,7 +292,7 @@ def main():
         # the defaults first: the other variants share most of their kernels (Triton's
         # cache), which processes started together would each compile again
         first = [(op, "default", None) for op in ops] + [(op, "default", baseline) for op in ops if baseline]
-        rest = [(op, label, None) for op in ops for label in VARIANTS[op] if label != "default"]
+        rest = [(op, label, None) for op in ops for label in variants_of(op) if label != "default"]
         for todo in (first, rest):
             with ThreadPoolExecutor(args.jobs) as pool:
                 errors = list(pool.map(lambda t: compile_variant(*t), todo))
@@ -277,7 +303,7 @@ def main():
             return
     rows = []
     for op in ops:
-        runs = [(list(VARIANTS[op]), None)] + ([(["default"], baseline)] if baseline else [])
+        runs = [(list(variants_of(op)), None)] + ([(["default"], baseline)] if baseline else [])
         for labels, base in runs:
             code = _prelude() + f"import json; print(json.dumps(s.time_variants({op!r}, {labels!r}, {args.rounds}, {base!r}, {args.profile})))"
             try:

@@ -155,6 +155,11 @@ def _norm_bwd_kernel(
             tl.store(row + HAS_WEIGHT * D, tl.sum(acc_db, axis=0), mask=c < D)
 
 
+# Values per row tile of the backward (whole rows): one name so that config_sweep.py can
+# time other sizes
+BWD_TILE_ELEMENTS = 2048
+
+
 def _tile_config(D: int, elements: int):
     """(BLOCK_R, BLOCK_D, num_warps): whole rows, about ``elements`` values a program."""
     BLOCK_D = triton.next_power_of_2(D)
@@ -198,7 +203,7 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
     dx = _utils.empty((rows, D), x.dtype, x.device)
     dg = _utils.empty((rows, D), g.dtype, g.device) if g is not None else None
     slots = (weight is not None) + (bias is not None)
-    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 2048)
+    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, BWD_TILE_ELEMENTS)
     blocks = _utils.cdiv(rows, BLOCK_R)
     # one row block a program when there is no parameter gradient to sum
     programs = _partials.partial_programs(x.device, blocks, num_warps) if slots else max(1, blocks)
