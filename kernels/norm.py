@@ -155,9 +155,10 @@ def _norm_bwd_kernel(
             tl.store(row + HAS_WEIGHT * D, tl.sum(acc_db, axis=0), mask=c < D)
 
 
-# Values per row tile of the backward (whole rows): one name so that config_sweep.py can
-# time other sizes
-BWD_TILE_ELEMENTS = 2048
+# Values per row tile of the backward (whole rows; config_sweep.py times others). On the
+# H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
+# at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
+BWD_TILE_ELEMENTS = 8192
 
 
 def _tile_config(D: int, elements: int):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -53,7 +54,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 @triton.jit
 def _rotary_kernel(
-    x, cos, sin, inv_freq, offsets, cu_seqlens, y,
+    x, cos, sin, base_hi, base_lo, offsets, cu_seqlens, y,
     T, H, stride_xb, stride_xt, stride_xh, offset, N, steps, max_pos, stride_table,
     D: tl.constexpr, HALF: tl.constexpr, TABLE: tl.constexpr, PER_SEQUENCE_OFFSET: tl.constexpr,
     VARLEN: tl.constexpr, INTERLEAVED: tl.constexpr, INVERSE: tl.constexpr,
@@ -79,7 +80,11 @@ def _rotary_kernel(
         c = tl.load(cos + table_offs, mask=table_mask, other=float("nan")).to(tl.float32)
         s = tl.load(sin + table_offs, mask=table_mask, other=float("nan")).to(tl.float32)
     else:
-        freq = tl.load(inv_freq + i, mask=i_ok, other=0.0)
+        # base^(-2i/R) in float64, here rather than from a tensor made per call (three more
+        # launches a call, twice the rotary's time in a forward+backward on the H100) or
+        # cached (a CUDA-graph tree rejects a cached tensor made during its warm-up)
+        log_base = tl.log(tl.zeros([1], tl.float64) + base_hi + base_lo)  # float32 scalars, exact in float64
+        freq = tl.exp(i.to(tl.float64) * (-2.0 / (2 * HALF)) * log_base)
         angle = pos.to(tl.float64)[:, None] * freq[None, :]
         turns = tl.floor(angle * 0.15915494309189535 + 0.5)  # 1 / (2 pi)
         reduced = (angle - turns * 6.283185307179586).to(tl.float32)
@@ -123,14 +128,12 @@ def _tile_config(H: int, width: int, elements: int = 8192):
     return BLOCK_T, BLOCK_H, num_warps
 
 
-def _inv_freq(rotary_dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """float64 ``base^(-2i/R)``, ``i < R/2``, made on the device at every call (three tiny
-    launches). Not cached: under ``torch.compile(mode="reduce-overhead")`` a tensor first
-    made during a CUDA-graph tree's warm-up lives in the graph's private pool, and one kept
-    past the call is rejected there as an untracked allocation (found by the suite's
-    CUDA-graph check on the H100); nor copied from the host, which a capture cannot hold."""
-    exponents = torch.arange(rotary_dim // 2, dtype=torch.float64, device=device) * 2 / rotary_dim
-    return torch.pow(base, -exponents)
+def _base_parts(base: float) -> tuple[float, float]:
+    """``base`` as two float32 values whose float64 sum is ``base`` to about 48 bits: a
+    Python float reaches a kernel as float32, too coarse for ``log(base)`` (at position
+    4096 a relative error of 6e-8 in the log turns the fastest pair by 2.5e-4)."""
+    hi = float(np.float32(base))
+    return hi, float(np.float32(base - hi))
 
 
 def _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interleaved, inverse):
@@ -149,7 +152,7 @@ def _launch(x, cos, sin, offsets, cu_seqlens, rotary_dim, base, offset, interlea
     BLOCK_PASS = triton.next_power_of_2(D - rotary_dim) if D > rotary_dim else 0
     BLOCK_T, BLOCK_H, num_warps = _tile_config(H, 2 * BLOCK_HALF + BLOCK_PASS)
     _rotary_kernel[(B * _utils.cdiv(T, BLOCK_T), _utils.cdiv(H, BLOCK_H))](
-        x, cos, sin, None if table else _inv_freq(rotary_dim, base, x.device), offsets, cu_seqlens, y,
+        x, cos, sin, *_base_parts(base), offsets, cu_seqlens, y,
         T, H, x.stride(0), x.stride(1), x.stride(2), offset, N, search_steps(N),
         cos.shape[0] if table else 0, cos.stride(0) if table else 0,
         D=D, HALF=half, TABLE=table, PER_SEQUENCE_OFFSET=offsets is not None,
