@@ -72,7 +72,9 @@ def _attention(kwargs: dict) -> dict:
 def _rotary_tables(kwargs: dict) -> dict:
     """``apply_rotary(x, dim, base, interleaved, seqlen_offset, cu_seqlens)`` as the peer's
     ``rotary_embedding(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens)``: pair ``i``
-    at position ``p`` turns by ``p * base^(-2i/dim)``; the tables cover every position used."""
+    at position ``p`` turns by ``p * base^(-2i/dim)``; the tables cover every position used,
+    in ``x``'s dtype (the peer refuses tables of another dtype: "Input and cos/sin must have
+    the same dtype", its first GPU report)."""
     import torch
 
     x = kwargs.pop("x")
@@ -83,7 +85,7 @@ def _rotary_tables(kwargs: dict) -> dict:
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim)
     angles = torch.outer(positions, inv_freq)
     kwargs.pop("cu_seqlens_cpu", None)
-    return {"x": x, "cos": angles.cos().float(), "sin": angles.sin().float(), "seqlen_offsets": offset, **kwargs}
+    return {"x": x, "cos": angles.cos().to(x.dtype), "sin": angles.sin().to(x.dtype), "seqlen_offsets": offset, **kwargs}
 
 
 def _same(module: str, function: str, **fields) -> Adapter:

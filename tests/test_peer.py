@@ -66,7 +66,14 @@ def test_rotary_tables_turn_pairs_as_the_contract_says(fake_peer, interleaved):
         else:
             out[b, :, :, :6], out[b, :, :, 6:12] = turned
     expected = reference.rotary_embedding(x, 12, base=500.0, interleaved=interleaved, seqlen_offset=offsets)
-    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)  # the tables are float32
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_rotary_tables_take_the_input_dtype(fake_peer):
+    """The peer refuses cos/sin tables of another dtype than ``x`` (its first GPU report)."""
+    x = torch.randn(1, 4, 2, 8, dtype=torch.bfloat16)
+    call = peer._rotary_tables({"x": x, "dim": 8, "seqlen_offset": 0})
+    assert call["cos"].dtype == call["sin"].dtype == torch.bfloat16
 
 
 def test_peer_specs_need_the_peer(monkeypatch):

@@ -118,5 +118,8 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         state_stages=1 if big_state else 3 if _arch.shared_memory_limit(arch) >= 200_000 else pipelined,
         output_BK=BK, output_BV=min(128, BV_full), output_warps=4, output_stages=1 if (small_smem and wide) else 2,
         state_grad_BV=min(32, BV_full), state_grad_warps=4, state_grad_stages=1 if big_state else grad_pipelined,
-        grad_BK=BK, grad_BV=BV, grad_warps=8, grad_stages=1,
+        # fp32 on the 100 KB parts: 32-wide blocks (Triton 3.8 needs 114688 bytes at 64,
+        # 98304 at 32, against a limit of 101376; 3.6 needs 98304 at 64)
+        grad_BK=32 if (small_smem and wide) else BK, grad_BV=32 if (small_smem and wide) else BV,
+        grad_warps=8, grad_stages=1,
     )

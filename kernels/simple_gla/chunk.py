@@ -103,10 +103,12 @@ def _chunk_grad_fits(K: int, dtype, gamma_only: bool = False) -> bool:
         # sm100's tensor-core path stages more: 237648 bytes for bf16 at K = 256 even with
         # the sm90 config, 393224 for fp32 (offline compile); K > 128 takes the fused backward
         return False
-    if dtype == torch.float32 and K > 128 and _TRITON_3_8:
+    if dtype == torch.float32 and _TRITON_3_8 and (K > 128 or (gamma_only and K > 64 and smem < FP32_WIDE_K_SMEM)):
         # Triton 3.8 holds the whole-K fp32 tiles in one more layout: 262144 bytes at
-        # K = 256 on sm90 (limit 232448) whatever the warps, stages or value block
-        # (offline compile, kernels/README.md); 3.6, 3.7 and 3.9 need 163840 there
+        # K = 256 on sm90 (limit 232448), and for the constant-decay variant at K = 128
+        # 106496 or more on the 100 KB parts (limit 101376), whatever the warps, stages or
+        # value block (offline compile, kernels/README.md); 3.6, 3.7 and 3.9 need 163840
+        # and 81920 there
         return False
     return not (dtype == torch.float32 and K > 128 and smem < FP32_WIDE_K_SMEM)
 
