@@ -48,7 +48,7 @@ import triton.language as tl
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS
 from .._sequence import first_state_slot, longest_sequence, sequence_bounds, state_slots
-from .._utils import cdiv, contiguous, empty
+from .._utils import cdiv, contiguous, empty, shapes_only
 from ..delta_rule.fused_recurrent import backward_config, checkpoint_interval, forward_config
 from ._inputs import check_dplr_inputs
 
@@ -250,13 +250,15 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    BK, BV, num_warps = forward_config(K, V, longest_sequence(offsets, T), N * H)
     C = checkpoint_interval(B * T, N)
     o = empty(v.shape, v.dtype, q.device)
     ht = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
     ckpt = None
     if save_checkpoints:
         ckpt = empty((state_slots(B, T, N, C, cu_seqlens is not None), H, K, V), torch.float32, q.device)
+    if shapes_only():  # no launch: tile sizes from symbolic sizes cost sympy minutes under tracing
+        return (o, ht), (ckpt,)
+    BK, BV, num_warps = forward_config(K, V, longest_sequence(offsets, T), N * H)
     grid = (N * H * cdiv(V, BV),)
     if grid[0] > 0:
         dplr_fused_fwd_kernel[grid](
@@ -272,6 +274,13 @@ def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seq
               output_final_state):
     (ckpt,) = saved
     q, k, v, a, b, gk, initial_state, do, dht = contiguous(q, k, v, a, b, gk, initial_state, *grads)
+    device = q.device
+    grads = [empty(t.shape, t.dtype, device) for t in (q, k, a, b, gk)]
+    dv = empty(v.shape, v.dtype, device)
+    dh0 = empty(initial_state.shape, torch.float32, device) if initial_state is not None else None
+    if shapes_only():  # the gradients' shapes are the inputs'; no tile sizes (see _forward)
+        dq, dk, da, db, dg = grads
+        return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -279,19 +288,15 @@ def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seq
     NTOK = B * T
     BK, BV, num_warps = backward_config(K, V)
     NV = cdiv(V, BV)
-    device = q.device
     n_programs = N * H * NV
     scratch = empty((n_programs, C, BK, BV), torch.float32, device)
     parts = [empty((NV, NTOK, H, K), torch.float32, device) for _ in range(5)]
-    dv = empty(v.shape, v.dtype, device)
-    dh0 = empty(initial_state.shape, torch.float32, device) if initial_state is not None else None
     if n_programs > 0:
         dplr_fused_bwd_kernel[(n_programs,)](
             q, k, v, a, b, gk, do, dht, ckpt, scratch, cu_seqlens, *parts, dv, dh0, scale, T, NTOK,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
         )
-    grads = [empty(t.shape, t.dtype, device) for t in (q, k, a, b, gk)]
     n_rows = NTOK * H
     BR = max(2048 // BK, 1)
     if n_rows > 0:
