@@ -15,7 +15,9 @@ Triton cache); then each op's variants are timed one after another in one fresh 
 per op (the baseline in its own) on the idle GPU, forward and forward+backward, as the
 median of ``--rounds`` rounds that each time every variant once. ``--profile`` adds, for
 the default and the baseline, each kernel's share of a call (torch.profiler). A variant
-that fails to compile or run is reported with its error. The table is printed last.
+that fails to compile or run is reported with its error; after a CUDA fault (an illegal
+address: Triton 3.6 makes some of the gate-level kernels fault at 4 warps on sm90) the op's
+other variants are timed again in a fresh process. The table is printed last.
 """
 
 from __future__ import annotations
@@ -46,11 +48,25 @@ def _gdr(**over):
     return ("kernels.delta_rule.chunk", "choose_configs", lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
 
 
+def _kda(**over):
+    """Override chunk_kda's configs (``kda_configs``: the delta rule's other ops keep theirs)."""
+    import dataclasses
+    return ("kernels.delta_rule.chunk_kda", "kda_configs",
+            lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+
+
+def _dplr(**over):
+    """Override the DPLR configs (chunk_dplr_delta_rule and chunk_rwkv7)."""
+    import dataclasses
+    return ("kernels.dplr.chunk", "choose_configs",
+            lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+
+
 def _recurrent(fwd=None, bwd=None):
     """Override the fused-recurrent configs: (BV, num_warps) forward and/or backward."""
     def wrap(base):
-        def configs(K, V, backward):
-            cfg = base(K, V, backward)
+        def configs(K, V, backward, bonus=False):
+            cfg = base(K, V, backward, bonus)
             pick = bwd if backward else fwd
             return cfg if pick is None else {**cfg, "BV": pick[0], "num_warps": pick[1]}
         return configs
@@ -115,6 +131,35 @@ VARIANTS = {
         "state BV 32": _gdr(state_BV=32),
         "output BK 128": _gdr(output_BK=128),
     },
+}
+VARIANTS["chunk_kda"] = {
+    "default": [],
+    "intra 4 warps (before)": _kda(prepare_warps=4),
+    "intra 16 warps": _kda(prepare_warps=16),
+    "intra BK 32, 16 warps": _kda(prepare_BK=32, prepare_warps=16),
+    "grad BK 64 (before)": _kda(grad_BK=64),
+    "grad BK 32, 16 warps": _kda(grad_warps=16),
+    "grad BK 32, 4 warps": _kda(grad_warps=4),
+    "grad BV 32": _kda(grad_BV=32),
+}
+VARIANTS["chunk_dplr_delta_rule"] = {
+    "default": [],
+    "intra 16 warps": _dplr(intra_warps=16),
+    "intra 4 warps": _dplr(intra_warps=4),
+    "intra BK 64, 16 warps": _dplr(intra_BK=64, intra_warps=16),
+    "intra BV 32": _dplr(intra_BV=32),
+    "grad 16 warps": _dplr(grad_warps=16),
+    "grad 4 warps": _dplr(grad_warps=4),
+    "grad BV 32": _dplr(grad_BV=32),
+    "score 16 warps": _dplr(score_warps=16),
+}
+VARIANTS["fused_recurrent_rwkv6"] = {
+    "default": [],
+    "bwd BV 16, 2 warps (before)": _recurrent(bwd=(16, 2)),
+    "bwd BV 32, 8 warps": _recurrent(bwd=(32, 8)),
+    "bwd BV 64, 4 warps": _recurrent(bwd=(64, 4)),
+    "fwd BV 64, 4 warps (before)": _recurrent(fwd=(64, 4)),
+    "fwd BV 16, 1 warp": _recurrent(fwd=(16, 1)),
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
 VARIANTS["rms_norm_gated"] = {
@@ -181,6 +226,9 @@ def _restore(undo):
         setattr(mod, attr, base)
 
 
+LOST = "not run: an earlier variant's CUDA fault"
+
+
 def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None, profile: bool) -> dict:
     """In this process: ``op``'s variants, each timed once per round, medians over rounds."""
     if baseline:
@@ -202,6 +250,14 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
             sides[label] = side
         except Exception as e:  # noqa: BLE001 - reported in the table
             errors[label] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+            if "CUDA" in errors[label]:
+                # a fault (an illegal address) leaves the process's CUDA context unusable: every
+                # other label, warmed or not, is timed by a fresh process (``main``)
+                for other in labels:
+                    if other not in errors:
+                        errors[other] = LOST
+                sides.clear()
+                break
         finally:
             _restore(undo)
     for r in range(rounds):
@@ -223,7 +279,7 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
         elif results[label]["fwd"]:
             out[label] = {m: statistics.median(v) for m, v in results[label].items()}
             out[label].update({f"{m}_range": [min(v), max(v)] for m, v in results[label].items()})
-    if profile and labels[0] in sides and labels[0] in out:
+    if profile and (baseline or labels[0] == "default") and labels[0] in sides and labels[0] in out:
         undo = [] if baseline else apply(op, labels[0])
         try:
             out[labels[0]]["kernels"] = kernel_shares(sides[labels[0]])
@@ -266,12 +322,15 @@ def compile_variant(op: str, label: str, baseline: str | None) -> str | None:
     """Compile (and warm) one variant in its own process; the error's last line, or None."""
     call = f"s.time_variants({op!r}, [{label!r}], 0, {baseline!r}, False)"
     try:
-        r = _python(_prelude() + f"r = {call}; print(r)", 500)
+        r = _python(_prelude() + f"import json; print(json.dumps({call}))", 500)
     except subprocess.TimeoutExpired:
         return "compile timed out"
     if r.returncode != 0:
         return (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
-    return None
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1]).get(label, {}).get("error")
+    except (ValueError, IndexError):
+        return "no result"
 
 
 def main():
@@ -304,7 +363,8 @@ def main():
     rows = []
     for op in ops:
         runs = [(list(variants_of(op)), None)] + ([(["default"], baseline)] if baseline else [])
-        for labels, base in runs:
+        while runs:
+            labels, base = runs.pop(0)
             code = _prelude() + f"import json; print(json.dumps(s.time_variants({op!r}, {labels!r}, {args.rounds}, {base!r}, {args.profile})))"
             try:
                 r = _python(code, 560)
@@ -312,7 +372,12 @@ def main():
                 why = None if result is not None else (r.stderr.strip().splitlines() or ["?"])[-1]
             except (subprocess.TimeoutExpired, ValueError, IndexError) as e:
                 result, why = None, f"{type(e).__name__}"
+            lost = [label for label in labels if (result or {}).get(label, {}).get("error") == LOST]
+            if lost:  # the variants after a CUDA fault, in a fresh process (the fault's own row stays)
+                runs.insert(0, (lost, base))
             for label in labels:
+                if label in lost:
+                    continue
                 name = "baseline" if base else label
                 got = (result or {}).get(label) or {"error": why or "not timed"}
                 rows.append({"op": op, "variant": name, **got})

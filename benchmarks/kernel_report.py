@@ -64,7 +64,10 @@ def main():
     spec = {s.name: s for s in all_specs()}[args.op]
     B, T, H, K, V = (int(x) for x in args.size.split(","))
     base = spec.compile_cases[0] if spec.compile_cases else spec.cases[0]
-    case = Case("report", {**base.dims, "B": B, "T": T, "H": H, "K": K, "V": V}, options=base.options)
+    dims = {**base.dims, "B": B, "T": T, "H": H, "K": K, "V": V}
+    if "HV" in dims:  # grouped value heads: the bench runs one value head per key head
+        dims["HV"] = H
+    case = Case("report", dims, options=base.options)
     spec = spec.__class__(**{**spec.__dict__, "compile_cases": (case,)})
     launches = capture_op(spec, arch, "bwd" if args.bwd else "fwd", (args.dtype,))
     print(f"{args.op} {'bwd' if args.bwd else 'fwd'} sm{arch} {args.dtype} B,T,H,K,V={args.size}: {len(launches)} launches")

@@ -405,13 +405,19 @@ def fused_recurrent_reduce_kernel(
 SEGMENT = 16
 
 
-def _configs(K: int, V: int, backward: bool) -> dict:
+def _configs(K: int, V: int, backward: bool, bonus: bool = False) -> dict:
     """Block sizes: the state tile [BK, BV] in fp32 registers, ~64 registers a thread at
     4 warps in the forward. The backward (both passes) holds the state, its gradient and
     the segment's [BK, SEG] tiles at once: at 8 warps and a 64-wide V block that was ~235
     registers a thread (ptxas, sm90, K = 128), one program per SM, the programs in waves.
     No shared memory beyond Triton's reductions and the one small dot, on every arch."""
     BK = block_size(K)
+    if bonus and BK <= 128:
+        # rwkv6 (the bonus u): each step also forms q . (u ⊙ k) and the du partial sums.
+        # On the H100 (fused_recurrent_rwkv6, same size; config_sweep.py): backward 28.7 ms
+        # at BV 32 and 4 warps against 34.5 at 16 and 2; forward 2.16 ms at BV 16 and 2
+        # warps against 2.64 at 64 and 4
+        return dict(BK=BK, BV=32, num_warps=4) if backward else dict(BK=BK, BV=16, num_warps=2)
     if backward:
         # narrow V blocks, few warps: more, lighter programs, each a serial walk over T, so
         # more of them in flight hide each step's latency. On the H100 (fused_recurrent_gla,
@@ -432,7 +438,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
     B, T, H, K = q.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    cfg = _configs(K, V, backward=False)
+    cfg = _configs(K, V, backward=False, bonus=u is not None)
     NV = cdiv(V, cfg["BV"])
     o = empty(v.shape, v.dtype, v.device)
     final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
@@ -473,7 +479,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     (+ g_gamma, which gets no gradient)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    cfg = _configs(K, V, backward=True)
+    cfg = _configs(K, V, backward=True, bonus=u is not None)
     NV = cdiv(V, cfg["BV"])
     do = do.contiguous()
     if dht is not None:
