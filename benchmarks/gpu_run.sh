@@ -15,7 +15,8 @@
 #                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 memcheck_module:200 repro:80": steps, limits)
 #   bash benchmarks/gpu_run.sh peer [--fla-ops=a,b]  # the conformance suite over fla-core's ops (--fla-impl=fla), a
 #                                         # report (a markdown summary: which checks each op fails, and why), never a gate;
-#                                         # FLA_PEER_TAG names the run's files, FLA_PEER_MARKERS its -m filter
+#                                         # FLA_PEER_TAG names the run's files, FLA_PEER_MARKERS its -m filter;
+#                                         # FLA_PEER_PER_OP=1 FLA_PEER_OPS=a,b: one process per op (no -n)
 # Expects the peer library's wheel (fla-core 0.6.0, pure Python) in .whl/. Each part leaves its
 # logs in $OUT/<part>/ and one archive $OUT/<part>.tgz (a device returns few files); unpack it
 # into benchmarks/results/. The summary is printed last.
@@ -109,12 +110,27 @@ case "$part" in
     # batch's remaining tests go on in a fresh process instead of failing after it (module isolation reported nothing in
     # 480 s: the suite is one module, so each worker ran one long batch). The 2**31-element
     # checks are left out unless FLA_PEER_MARKERS says otherwise (tens of GiB and minutes per op).
+    # FLA_PEER_PER_OP=1 with FLA_PEER_OPS=a,b,...: one pytest process per op, all at once, each
+    # running its op's checks in turn. The peer autotunes tens of configs per kernel; spread over
+    # xdist workers, every worker compiled the same op's configs at once (16 workers reported
+    # 18 tests in 520 s), where one process per op compiles each config once.
     tag=${FLA_PEER_TAG:-all}
-    timeout -s INT -k 30 "${FLA_PEER_TIMEOUT:-540}" python3 -m pytest tests/test_conformance.py --fla-impl=fla \
-      --fla-isolate="${FLA_PEER_ISOLATE:-batch}" -n "${FLA_WORKERS:-8}" -v -rs -p no:cacheprovider -m "${FLA_PEER_MARKERS:-not large_memory}" \
-      --fla-report="$LOGS/report_$tag.json" "$@" > "$LOGS/tests_$tag.log" 2>&1
-    echo "peer suite exit $? (failures are the peer's: this run is a report)" >> "$LOGS/tests_$tag.log"
-    python3 benchmarks/peer_report.py "$LOGS/report_$tag.json" > "$LOGS/peer_$tag.md"
+    peer_pytest() {  # $1: the report's file suffix; the rest: pytest arguments
+      local suffix=$1; shift
+      timeout -s INT -k 30 "${FLA_PEER_TIMEOUT:-540}" python3 -m pytest tests/test_conformance.py --fla-impl=fla \
+        --fla-isolate="${FLA_PEER_ISOLATE:-batch}" -v -rs -p no:cacheprovider -m "${FLA_PEER_MARKERS:-not large_memory}" \
+        --fla-report="$LOGS/report_$suffix.json" "$@" > "$LOGS/tests_$suffix.log" 2>&1
+      echo "peer suite exit $? (failures are the peer's: this run is a report)" >> "$LOGS/tests_$suffix.log"
+    }
+    if [ "${FLA_PEER_PER_OP:-0}" = 1 ]; then
+      for op in ${FLA_PEER_OPS//,/ }; do peer_pytest "${tag}_$op" --fla-ops="$op" "$@" & done
+      wait
+      python3 benchmarks/peer_report.py "$LOGS"/report_"${tag}"_*.json > "$LOGS/peer_$tag.md"
+      tail -q -n 1 "$LOGS"/tests_"${tag}"_*.log > "$LOGS/tests_$tag.log"
+    else
+      peer_pytest "$tag" -n "${FLA_WORKERS:-8}" "$@"
+      python3 benchmarks/peer_report.py "$LOGS/report_$tag.json" > "$LOGS/peer_$tag.md"
+    fi
     echo "== peer ($tag):"; tail -n 2 "$LOGS/tests_$tag.log"; head -n 80 "$LOGS/peer_$tag.md"
     ;;
   sanitizer)

@@ -1,6 +1,9 @@
 """Summarise a ``--fla-report`` JSON as markdown: which checks each op fails, and why.
 
-    python benchmarks/peer_report.py report.json      (prints the markdown)
+    python benchmarks/peer_report.py report.json [more.json ...]     (prints the markdown)
+
+Several reports (one per op, from ``gpu_run.sh peer`` with ``FLA_PEER_PER_OP=1``) are
+summarised as one run; gzipped ones (``.json.gz``, as kept under ``benchmarks/results/``) too.
 
 Made for the peer library's run (``--fla-impl=fla``), where failures are the finding:
 each failed test's message is sorted into a kind (no error raised, an error of another
@@ -11,6 +14,7 @@ its counts and the first message of each kind.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 from collections import Counter, defaultdict
@@ -66,10 +70,19 @@ def summarise(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("report", help="a --fla-report JSON file")
+    parser.add_argument("reports", nargs="+", help="--fla-report JSON files (one run's parts)")
     args = parser.parse_args()
-    with open(args.report) as f:
-        print(summarise(json.load(f)), end="")
+    merged = {"tests": [], "archs": []}
+    for path in args.reports:
+        try:
+            with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+                report = json.load(f)
+        except (OSError, ValueError) as e:  # a part cut before it wrote its report
+            print(f"(no report in {path}: {type(e).__name__})\n")
+            continue
+        merged["tests"] += report["tests"]
+        merged["archs"] = merged["archs"] or report.get("archs", [])
+    print(summarise(merged), end="")
 
 
 if __name__ == "__main__":

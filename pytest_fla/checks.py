@@ -99,9 +99,34 @@ def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> list:
     ref_out, ref_grads, _ = run_with_grads(spec.reference_for(dtype), sample, names, upstream, upcast=True)
     for name, o, r in zip(spec.outputs, out, ref_out):
         assert_close(f"{spec.name}.{name}", o, r, dtype)
+    masses = token_masses(spec, sample, names, upstream, dtype)
     for name in names:
-        assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], dtype, "backward")
+        assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], dtype, "backward", masses.get(name))
     return out
+
+
+def token_masses(spec: OpSpec, sample: Sample, names, upstream, dtype: str) -> dict:
+    """For each of the spec's token-reduced parameters (``OpSpec.token_reduced``): the
+    per-element sum over tokens of the magnitudes of its gradient's terms, from the float64
+    reference called with one copy of the parameter per token.
+
+    Such a gradient is ``sum_t c_t`` with terms of both signs. A kernel whose per-token
+    terms are each within the budget (relative error ``e``) is off by up to ``e sum_t |c_t|``
+    when the terms' errors move together, which relative to ``|sum_t c_t|`` is ``e`` times
+    the sum's condition number ``sum_t |c_t| / |sum_t c_t|``: a property of the sample, not
+    of the kernel. Measured against ``sum_t |c_t|`` the budget stays the kernel's own."""
+    reduced = [n for n in spec.token_reduced if n in names]
+    if not reduced:
+        return {}
+    token = next(arg for n, arg in spec.args.items() if tuple(arg.layout[:2]) == ("B", "T"))
+    tokens = sample.kwargs[next(n for n, arg in spec.args.items() if arg is token)].shape[:2]
+    per_token = dict(sample.kwargs)
+    for name in reduced:
+        p = sample.kwargs[name].detach()
+        per_token[name] = p.expand(*tokens, *p.shape)  # run_with_grads copies it into a leaf
+    _, terms, _ = run_with_grads(spec.reference_for(dtype), Sample(per_token), reduced, upstream,
+                                 upcast=True)
+    return {n: terms[n].abs().sum(dim=(0, 1)) for n in reduced}
 
 
 def sequence_slice(spec: OpSpec, kwargs: dict, start: int, end: int, n: int) -> dict:

@@ -140,6 +140,12 @@ class OpSpec:
     # gradients), so each op is held to its own budget, not to the composition's rounding
     # (``reference_for``; docs/tolerances.md, "Layers").
     reference_rounds: bool = False
+    # Parameters broadcast over every token (a layer's per-head ``A_log``, ``dt_bias``): each
+    # one's gradient is a signed sum of per-token terms, so its error is measured against the
+    # sum of the terms' magnitudes, not against the (cancelling) sum (``checks.token_masses``;
+    # docs/tolerances.md, "Token-reduced parameters"). The reference must broadcast such a
+    # parameter against [B, T, ...] (it is passed one copy per token to get the terms).
+    token_reduced: tuple[str, ...] = ()
 
     @property
     def op_fn(self) -> Callable:

@@ -81,9 +81,10 @@ def _record(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> Non
                             "rel_rms": rel, "max_abs": rel_max}) + "\n")
 
 
-def assert_close(name: str, out, ref, dtype: str, kind: str = "forward") -> None:
+def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=None) -> None:
     """Assert ``out`` matches the float64 ``ref`` under the rule above (``kind``: forward,
-    backward or agreement)."""
+    backward or agreement). ``scale``: what the error is measured against instead of ``ref``
+    (a sum's per-element sum of its terms' magnitudes; ``checks.token_masses``)."""
     if ref is None:
         assert out is None, f"{name}: expected None, got a tensor"
         return
@@ -96,7 +97,13 @@ def assert_close(name: str, out, ref, dtype: str, kind: str = "forward") -> None
         f"(first at index {tuple(torch.nonzero(bad)[0].tolist())})"
     )
     tol = {"forward": FORWARD, "backward": BACKWARD, "agreement": AGREEMENT}[kind][dtype]
-    rel, rel_max = errors(torch.where(finite, out.detach().double(), 0.0), torch.where(finite, ref.detach().double(), 0.0))
+    out64, ref64 = torch.where(finite, out.detach().double(), 0.0), torch.where(finite, ref.detach().double(), 0.0)
+    if scale is None:
+        rel, rel_max = errors(out64, ref64)
+    else:
+        scale64 = scale.detach().double()
+        rel, rel_max = errors(out64 - ref64 + scale64, scale64)  # |diff| over the scale's norm and max
+        name = f"{name} (against the sum of its terms' magnitudes)"
     _record(name, dtype, kind, rel, rel_max)
     assert rel <= tol.rel_rms and rel_max <= tol.max_abs, (
         f"{name} ({dtype}, {kind}): relative RMS error {rel:.3e} (limit {tol.rel_rms:.1e}), "

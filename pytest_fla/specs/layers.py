@@ -117,6 +117,9 @@ GATED_DELTA_NET = OpSpec(
     # activations: at the small sizes the sanitizer runs, rounding them alone moves the
     # weight gradients by 1-2e-2 (docs/tolerances.md, "Layers")
     reference_rounds=True,
+    # one value per head, each a sum over every token of terms of both signs: their errors
+    # are measured against the terms' magnitudes (docs/tolerances.md, "Token-reduced parameters")
+    token_reduced=("A_log", "dt_bias"),
 )
 
 SPECS = [GATED_DELTA_NET]

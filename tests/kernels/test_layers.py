@@ -122,3 +122,44 @@ def test_rounded_reference_rounds_values_and_gradients_at_the_handovers():
     assert out.item() == 1.0  # fp16 keeps 10 fraction bits
     (grad,) = torch.autograd.grad(out, t, torch.tensor([1.0 + 2.0 ** -13], dtype=torch.float64))
     assert grad.item() == 1.0
+
+
+def test_token_masses_are_the_per_token_terms_of_the_reduced_gradients():
+    """``checks.token_masses`` for the layer's per-head ``A_log`` and ``dt_bias``: the
+    reference called with one copy per token gives terms that sum to the ordinary float64
+    gradient, and their magnitudes' sum bounds it; on this sample the sums cancel (the
+    condition number ``sum|terms| / |sum|`` is above 1), which is why the rule exists."""
+    from pytest_fla.checks import run_with_grads, token_masses
+    from pytest_fla.specs.layers import GATED_DELTA_NET as spec
+
+    sample = spec.sample(spec.cases[0], "fp32", "cpu", seed=0)
+    names = ["A_log", "dt_bias", "x"]
+    _, ref_grads, upstream = run_with_grads(spec.reference_for("fp32"), sample, names, upcast=True, seed=0)
+    masses = token_masses(spec, sample, names, upstream, "fp32")
+    assert set(masses) == {"A_log", "dt_bias"}  # x is not token-reduced
+    for name, mass in masses.items():
+        ref = ref_grads[name]
+        assert mass.shape == ref.shape
+        assert torch.all(mass >= ref.abs() * (1 - 1e-12)), f"{name}: the terms' magnitudes must bound their sum"
+        per_token = dict(sample.kwargs)
+        per_token[name] = sample.kwargs[name].expand(*sample.kwargs["x"].shape[:2], *ref.shape)
+        from pytest_fla.spec import Sample
+
+        _, terms, _ = run_with_grads(spec.reference_for("fp32"), Sample(per_token), [name], upstream, upcast=True)
+        torch.testing.assert_close(terms[name].sum(dim=(0, 1)), ref, rtol=1e-12, atol=1e-12)
+    kappa = (masses["A_log"] / ref_grads["A_log"].abs()).max().item()
+    assert kappa > 1.5, f"the sample's A_log gradient did not cancel (condition number {kappa:.2f})"
+
+
+def test_assert_close_against_a_scale():
+    """With ``scale``, the error is measured against it: a difference too large for the
+    (cancelled) reference passes against the terms' magnitudes, and one too large for
+    those fails."""
+    ref = torch.tensor([1e-3, -2e-3], dtype=torch.float64)
+    mass = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    out = ref + 5e-3
+    with pytest.raises(AssertionError, match="relative RMS error"):
+        assert_close("d", out, ref, "fp32", "backward")
+    assert_close("d", ref + 1e-5, ref, "fp32", "backward", mass)
+    with pytest.raises(AssertionError, match="sum of its terms' magnitudes"):
+        assert_close("d", ref + 1e-3, ref, "fp32", "backward", mass)
