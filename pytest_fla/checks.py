@@ -118,8 +118,8 @@ def token_masses(spec: OpSpec, sample: Sample, names, upstream, dtype: str) -> d
     reduced = [n for n in spec.token_reduced if n in names]
     if not reduced:
         return {}
-    token = next(arg for n, arg in spec.args.items() if tuple(arg.layout[:2]) == ("B", "T"))
-    tokens = sample.kwargs[next(n for n, arg in spec.args.items() if arg is token)].shape[:2]
+    tokens = next(sample.kwargs[n].shape[:2] for n, arg in spec.args.items()
+                  if tuple(arg.layout[:2]) == ("B", "T") and isinstance(sample.kwargs.get(n), torch.Tensor))
     per_token = dict(sample.kwargs)
     for name in reduced:
         p = sample.kwargs[name].detach()
