@@ -125,3 +125,23 @@ def test_auto_starts_one_worker_per_gpu_and_pins_each(pytester, monkeypatch):
     assert "created: 2/2 workers" in result.stdout.str()
     seen = {p.name.split("-")[1]: p.read_text() for p in pytester.path.glob("pin-*.txt")}
     assert seen == {"gw0": "3", "gw1": "5"}
+
+
+def test_a_worker_collecting_nothing_last_does_not_end_the_run_as_empty():
+    """With one worker per target, the interpreter's worker keeps none of the compile-only
+    checks; xdist takes the session's test count from the last worker to finish
+    collecting, so the run must not exit 5 when that worker is the empty one."""
+    import types
+
+    from pytest_fla import plugin
+
+    config = types.SimpleNamespace(stash=pytest.Stash())
+    session = types.SimpleNamespace(config=config, testscollected=0)
+    for worker, n in (("gw1", 30), ("gw2", 30), ("gw0", 0)):  # the empty one last
+        plugin.pytest_xdist_node_collection_finished(
+            types.SimpleNamespace(config=config, gateway=types.SimpleNamespace(id=worker)), ["t"] * n)
+    loop = plugin.pytest_runtestloop(session)
+    next(loop)
+    with pytest.raises(StopIteration):
+        loop.send(True)
+    assert session.testscollected == 30
