@@ -43,23 +43,24 @@ def _gla(**over):
     return ("kernels.gla.chunk", "_configs", lambda base: lambda *a: {n: merged(n, c) for n, c in base(*a).items()})
 
 
-def _gdr(**over):
+def _replace_configs(module: str, attr: str, **over):
+    """Override fields of a dataclass of configs that ``module.attr(...)`` returns."""
     import dataclasses
-    return ("kernels.delta_rule.chunk", "choose_configs", lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+    return (module, attr, lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+
+
+def _gdr(**over):
+    return _replace_configs("kernels.delta_rule.chunk", "choose_configs", **over)
 
 
 def _kda(**over):
-    """Override chunk_kda's configs (``kda_configs``: the delta rule's other ops keep theirs)."""
-    import dataclasses
-    return ("kernels.delta_rule.chunk_kda", "kda_configs",
-            lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+    """chunk_kda's configs (``kda_configs``: the delta rule's other ops keep theirs)."""
+    return _replace_configs("kernels.delta_rule.chunk_kda", "kda_configs", **over)
 
 
 def _dplr(**over):
-    """Override the DPLR configs (chunk_dplr_delta_rule and chunk_rwkv7)."""
-    import dataclasses
-    return ("kernels.dplr.chunk", "choose_configs",
-            lambda base: lambda *a, **k: dataclasses.replace(base(*a, **k), **over))
+    """The DPLR configs (chunk_dplr_delta_rule and chunk_rwkv7)."""
+    return _replace_configs("kernels.dplr.chunk", "choose_configs", **over)
 
 
 def _recurrent(fwd=None, bwd=None):

@@ -77,3 +77,36 @@ def test_module_batches_under_xdist_run_each_test_once(pytester, monkeypatch):
     result = run(pytester, "--fla-isolate=module", "-n", "2")
     result.assert_outcomes(passed=8)
     assert sorted(log.read_text().split(), key=int) == [str(i) for i in range(8)]
+
+
+BYTECODE_PROJECT = '''
+import sys
+
+import helper_module
+
+
+def test_child_keeps_bytecode():
+    print("FLAGS", sys.flags.dont_write_bytecode, sys.pycache_prefix)
+'''
+
+
+def test_children_keep_bytecode_in_a_shared_cache_not_beside_the_sources(pytester, monkeypatch, tmp_path):
+    """Under PYTHONDONTWRITEBYTECODE every child compiled torch from source (5 s a child on
+    the H100 machine): the children write bytecode to one cache in the temp directory."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the run's temp directory, and its cache
+    pytester.makepyfile(test_bytecode=BYTECODE_PROJECT, helper_module="VALUE = 1\n")
+    result = run(pytester, "--fla-isolate=test", "-s")
+    result.assert_outcomes(passed=1)
+    cache = tmp_path / "pytest-fla-pycache"
+    assert list(cache.rglob("helper_module*.pyc")), "the child wrote no bytecode to the shared cache"
+    assert not list(pytester.path.rglob("__pycache__/helper_module*.pyc")), "bytecode landed beside the sources"
+
+
+def test_a_chosen_bytecode_setting_is_kept():
+    from pytest_fla.isolation import bytecode_cache
+
+    assert bytecode_cache({}) == {}  # bytecode is written beside the sources already
+    assert bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}) == {}
+    assert bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1"})["PYTHONDONTWRITEBYTECODE"] == ""
