@@ -14,7 +14,7 @@ import torch
 
 from . import gpu_share
 from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
-from .gpu_memory import forward_bytes
+from .gpu_memory import forward_bytes, released_on_error
 from .launches import observe_launches
 from .packings import Packing
 from .poison import poisoned
@@ -282,8 +282,17 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
         free, _ = torch.cuda.mem_get_info(device)
         if need > 0.9 * free:
             _skip_int64(need, free, "are free on this GPU")
-        _check_int64_offsets(spec, small, repeats)
-        torch.cuda.empty_cache()
+        try:
+            with released_on_error():
+                _check_int64_offsets(spec, small, repeats)
+        except torch.cuda.OutOfMemoryError as error:
+            # The need is a measurement scaled up, not a bound (fused_recurrent_rwkv7 measured
+            # under it and then ran out on the H100): the check could not run, which is a skip
+            # with the numbers, not a wrong answer.
+            reason = str(error).split(". ")[0]
+            _skip_int64(need, free, f"were free, and the run still ran out of memory ({reason})")
+        finally:
+            torch.cuda.empty_cache()
 
 
 def _skip_int64(need: int, have: int, where: str):

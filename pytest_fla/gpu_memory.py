@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 
 def forward_bytes(call, sample, device) -> int:
     """GPU memory a no-grad ``call(sample)`` takes: its inputs plus the call's peak."""
@@ -15,3 +17,28 @@ def forward_bytes(call, sample, device) -> int:
         call(sample)
     torch.cuda.synchronize(device)
     return inputs + torch.cuda.max_memory_allocated(device) - before
+
+
+@contextlib.contextmanager
+def released_on_error():
+    """Free what a failing block's frames hold before its error leaves it.
+
+    pytest keeps a failed test's traceback, and the traceback keeps every frame's locals:
+    a failed 2**31-element check held its 48 GiB of tensors for the rest of the run on the
+    H100, and every later such check there was skipped with 6 GiB free.
+    """
+    try:
+        yield
+    except BaseException as error:
+        tb = error.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            try:
+                frame.clear()
+                # A locals() snapshot (assertion rewriting takes one) outlives clear() until
+                # the frame's locals are read again, which drops what clear() freed.
+                frame.f_locals  # noqa: B018
+            except RuntimeError:  # a frame still running (this one, its callers)
+                pass
+            tb = tb.tb_next
+        raise

@@ -91,3 +91,34 @@ def test_pinned_workers_lock_their_own_gpu(monkeypatch):
     assert physical_gpu(0) == "3" and physical_gpu(1) == "5"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert physical_gpu(1) == "1"
+
+
+def test_a_failed_large_check_frees_its_tensors_before_its_error_is_kept():
+    """pytest keeps a failed test's traceback; without clearing its frames, a failed
+    2**31-element check held its tensors (48 GiB on the H100) for the rest of the run."""
+    import gc
+    import weakref
+
+    import torch
+
+    from pytest_fla.gpu_memory import released_on_error
+
+    held = []
+
+    def failing_check():
+        big = torch.ones(1000)
+        held.append(weakref.ref(big))
+        assert big.sum() == 0, "a wrong answer"  # rewritten by pytest: it takes a locals() snapshot
+
+    with pytest.raises(AssertionError) as kept:
+        with released_on_error():
+            failing_check()
+    gc.collect()
+    assert kept.value.__traceback__ is not None  # the error and its traceback are still there
+    assert held[0]() is None, "the failed check's tensor outlived it"
+
+    held.clear()
+    with pytest.raises(AssertionError) as unguarded:
+        failing_check()  # the same failure, unguarded: its kept traceback keeps the tensor
+    gc.collect()
+    assert unguarded.value.__traceback__ is not None and held[0]() is not None
