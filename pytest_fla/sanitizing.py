@@ -1,7 +1,7 @@
 """Which tests re-run under compute-sanitizer, and their verdicts.
 
-A test is re-run under each tool when it passed plainly and launched a Triton kernel (or
-always, with ``--fla-sanitizer-all-tests``); its kernels are already compiled and cached
+A test is re-run under each tool when it passed plainly, launched a Triton kernel and is not
+a ``large_memory`` check (or always, with ``--fla-sanitizer-all-tests``); its kernels are already compiled and cached
 by the plain run. Tests that ran plainly in one child (a batch or a module) re-run under
 the tool in one child too: start-up (torch, CUDA, collection) is most of a sanitizer
 run's time. Launches are blocking under the tool, so a report comes while the kernel's
@@ -18,6 +18,12 @@ from . import sanitizer
 from .isolation import ItemOutcome, run_batch, test_output
 
 NOT_LAUNCHED = "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)"
+# A large_memory check cannot shrink to the tool's small shapes (2**31 elements is its
+# point) and holds the GPU alone: 25-30 s of tool time each on the H100, with every other
+# check waiting, one after another, 13 minutes over the suite's 26.
+NOT_LARGE = ("not run: a large_memory check holds the GPU alone at its full size, where the tool "
+             "takes 25-30 s per check with every other check waiting; its plain run checks the "
+             "rows past 2**31 (--fla-sanitizer-all-tests runs it)")
 
 
 @dataclass
@@ -43,6 +49,8 @@ def verdicts(config, items, plain: dict, tools: list[str]) -> dict:
             result[item.nodeid] = Verdict()
         elif outcome.triton_launches() == 0 and not every_test:
             result[item.nodeid] = Verdict(section=("compute-sanitizer", NOT_LAUNCHED))
+        elif item.get_closest_marker("large_memory") is not None and not every_test:
+            result[item.nodeid] = Verdict(section=("compute-sanitizer", NOT_LARGE))
         else:
             candidates.append(item)
     failures = {item.nodeid: [] for item in candidates}

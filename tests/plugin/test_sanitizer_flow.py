@@ -143,6 +143,30 @@ def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
                      r"the test itself [\d.]+s, [\d.]+s under the sanitizer\)", out)
 
 
+LARGE_MEMORY_PROJECT = KERNEL_AND_CLEAN_TEST + '''
+
+import pytest
+
+
+@pytest.mark.large_memory
+def test_past_two_to_the_31():
+    launch()
+    under_tool("test_past_two_to_the_31")
+'''
+
+
+def test_a_large_memory_check_runs_plainly_not_under_the_tool(pytester, monkeypatch):
+    _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=LARGE_MEMORY_PROJECT)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=2)
+    assert (pytester.path / "sanitizer.log.tests").read_text().split() == ["test_clean"]
+    assert "a large_memory check holds the GPU alone" in result.stdout.str()
+    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+    assert "test_past_two_to_the_31" in (pytester.path / "sanitizer.log.tests").read_text().split()
+
+
 def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch):
     log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels="def test_no_kernel():\n    pass\n")
