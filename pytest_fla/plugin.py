@@ -81,7 +81,8 @@ def pytest_addoption(parser):
         "--fla-sanitizer-all-tests",
         action="store_true",
         help="under --fla-sanitizer, re-run also the tests that launched no Triton kernel "
-        "(by default they are not: they hold nothing of the kernels under test)",
+        "(by default they are not: they hold nothing of the kernels under test) and the "
+        "large_memory checks (by default they run plainly: they cannot shrink to small shapes)",
     )
     group.addoption("--fla-blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1: faults show at their launch")
     group.addoption(
