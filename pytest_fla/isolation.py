@@ -83,19 +83,37 @@ def child_command(config, results_dir: Path, paths: list[str]) -> list[str]:
 BYTECODE_CACHE = "pytest-fla-pycache"
 
 
-def bytecode_cache(environ) -> dict[str, str]:
+def bytecode_cache(environ, package: str = "torch") -> dict[str, str]:
     """Environment that lets children keep compiled bytecode between them.
 
     Every child imports torch, triton and the library afresh. Where bytecode is not
-    written (``PYTHONDONTWRITEBYTECODE``, set on the H100 test machine), each child
-    compiled about 1400 modules from source: 5 s of its start-up, most of what a batch of
-    small tests under the sanitizer costs. The children write theirs to one cache in the
-    temp directory (``PYTHONPYCACHEPREFIX``), not beside the sources, which is what that
-    setting keeps clean. Where bytecode is written, or a prefix was chosen, nothing changes.
+    written (``PYTHONDONTWRITEBYTECODE``, set on the H100 test machine) and torch was
+    installed without it, each child compiled about 1400 modules from source: 5 s of its
+    start-up, most of what a batch of small tests under the sanitizer costs. The children
+    then write theirs to one cache in the temp directory (``PYTHONPYCACHEPREFIX``), not
+    beside the sources, which is what that setting keeps clean. Where bytecode is written,
+    or was installed with ``package`` (pip compiles what it installs; a prefix would
+    hide it), or a prefix was chosen, nothing changes.
     """
     if not environ.get("PYTHONDONTWRITEBYTECODE") or environ.get("PYTHONPYCACHEPREFIX"):
         return {}
+    if installed_with_bytecode(package):
+        return {}
     return {"PYTHONPYCACHEPREFIX": os.path.join(tempfile.gettempdir(), BYTECODE_CACHE), "PYTHONDONTWRITEBYTECODE": ""}
+
+
+def installed_with_bytecode(package: str) -> bool:
+    """Whether ``package`` has compiled bytecode beside its ``__init__`` (found, not imported)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return False
+    return bool(importlib.util.cache_from_source(spec.origin)) and os.path.exists(
+        importlib.util.cache_from_source(spec.origin))
 
 
 def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None = None) -> dict:

@@ -3,6 +3,8 @@ and the run goes on (per test, and per module with a fresh process after the cra
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from plugin_testing import run
 
@@ -79,34 +81,36 @@ def test_module_batches_under_xdist_run_each_test_once(pytester, monkeypatch):
     assert sorted(log.read_text().split(), key=int) == [str(i) for i in range(8)]
 
 
-BYTECODE_PROJECT = '''
-import sys
+def test_children_keep_bytecode_in_a_shared_cache_where_none_is_written_or_installed(tmp_path, monkeypatch):
+    """Under PYTHONDONTWRITEBYTECODE, with torch installed without bytecode (the H100
+    machine), every child compiled torch from source, 5 s a child: the children then
+    write bytecode to one cache in the temp directory."""
+    from pytest_fla.isolation import bytecode_cache, installed_with_bytecode
 
-import helper_module
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, compiled in (("plain_package", False), ("compiled_package", True)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("VALUE = 1\n")
+        if compiled:
+            import py_compile
 
+            py_compile.compile(str(tmp_path / name / "__init__.py"))
+    assert not installed_with_bytecode("plain_package") and installed_with_bytecode("compiled_package")
+    assert not installed_with_bytecode("no_such_package_here")
 
-def test_child_keeps_bytecode():
-    print("FLAGS", sys.flags.dont_write_bytecode, sys.pycache_prefix)
-'''
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    cache = bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1"}, package="plain_package")
+    assert cache["PYTHONDONTWRITEBYTECODE"] == "" and cache["PYTHONPYCACHEPREFIX"].startswith(str(tmp_path))
+    # bytecode written beside the sources, installed with the package, or a prefix chosen: unchanged
+    assert bytecode_cache({}, package="plain_package") == {}
+    assert bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1"}, package="compiled_package") == {}
+    assert bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}, package="plain_package") == {}
 
+    # and a child started with it writes there, not beside the sources
+    import subprocess
+    import sys
 
-def test_children_keep_bytecode_in_a_shared_cache_not_beside_the_sources(pytester, monkeypatch, tmp_path):
-    """Under PYTHONDONTWRITEBYTECODE every child compiled torch from source (5 s a child on
-    the H100 machine): the children write bytecode to one cache in the temp directory."""
-    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the run's temp directory, and its cache
-    pytester.makepyfile(test_bytecode=BYTECODE_PROJECT, helper_module="VALUE = 1\n")
-    result = run(pytester, "--fla-isolate=test", "-s")
-    result.assert_outcomes(passed=1)
-    cache = tmp_path / "pytest-fla-pycache"
-    assert list(cache.rglob("helper_module*.pyc")), "the child wrote no bytecode to the shared cache"
-    assert not list(pytester.path.rglob("__pycache__/helper_module*.pyc")), "bytecode landed beside the sources"
-
-
-def test_a_chosen_bytecode_setting_is_kept():
-    from pytest_fla.isolation import bytecode_cache
-
-    assert bytecode_cache({}) == {}  # bytecode is written beside the sources already
-    assert bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}) == {}
-    assert bytecode_cache({"PYTHONDONTWRITEBYTECODE": "1"})["PYTHONDONTWRITEBYTECODE"] == ""
+    env = {**os.environ, **cache}
+    subprocess.run([sys.executable, "-c", "import plain_package"], env={**env, "PYTHONPATH": str(tmp_path)}, check=True)
+    assert list((tmp_path / "pytest-fla-pycache").rglob("__init__*.pyc"))
+    assert not (tmp_path / "plain_package" / "__pycache__").exists()
