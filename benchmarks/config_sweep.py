@@ -101,6 +101,12 @@ VARIANTS = {
         "state 2 stages": _gla(state={"num_stages": 2}),
         "qkg BV 32": _gla(qkg={"BV": 32}),
         "qkg BK 32": _gla(qkg={"BK": 32}),
+        # a register cap (kernels._arch.launch_options): 128 a thread fits two 8-warp blocks
+        # on an SM, at the cost of spilling (ptxas -v: kernel_report.py)
+        "intra 168 regs": _gla(intra={"maxnreg": 168}),
+        "intra BK 64, 128 regs": _gla(intra={"BK": 64, "maxnreg": 128}),
+        "intra BK 32, 128 regs": _gla(intra={"BK": 32, "maxnreg": 128}),
+        "qkg 128 regs": _gla(qkg={"maxnreg": 128}),
     },
     "fused_recurrent_gla": {
         "default": [],
@@ -142,6 +148,10 @@ VARIANTS["chunk_kda"] = {
     "grad BK 32, 16 warps": _kda(grad_warps=16),
     "grad BK 32, 4 warps": _kda(grad_warps=4),
     "grad BV 32": _kda(grad_BV=32),
+    "intra 168 regs": _kda(prepare_maxnreg=168),
+    "intra BK 32, 128 regs": _kda(prepare_BK=32, prepare_maxnreg=128),
+    "grad 128 regs": _kda(grad_maxnreg=128),
+    "grad 168 regs": _kda(grad_maxnreg=168),
 }
 VARIANTS["chunk_dplr_delta_rule"] = {
     "default": [],
@@ -153,6 +163,12 @@ VARIANTS["chunk_dplr_delta_rule"] = {
     "grad 4 warps": _dplr(grad_warps=4),
     "grad BV 32": _dplr(grad_BV=32),
     "score 16 warps": _dplr(score_warps=16),
+    "intra 128 regs": _dplr(intra_maxnreg=128),
+    "intra 168 regs": _dplr(intra_maxnreg=168),
+    "intra BK 16, 128 regs": _dplr(intra_BK=16, intra_maxnreg=128),
+    "grad 128 regs": _dplr(grad_maxnreg=128),
+    "grad 168 regs": _dplr(grad_maxnreg=168),
+    "score 128 regs": _dplr(score_maxnreg=128),
 }
 VARIANTS["fused_recurrent_rwkv6"] = {
     "default": [],
@@ -161,6 +177,8 @@ VARIANTS["fused_recurrent_rwkv6"] = {
     "bwd BV 64, 4 warps": _recurrent(bwd=(64, 4)),
     "fwd BV 64, 4 warps (before)": _recurrent(fwd=(64, 4)),
     "fwd BV 16, 1 warp": _recurrent(fwd=(16, 1)),
+    "bwd BV 32, 2 warps": _recurrent(bwd=(32, 2)),
+    "bwd BV 16, 1 warp": _recurrent(bwd=(16, 1)),
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
 VARIANTS["rms_norm_gated"] = {
@@ -174,6 +192,24 @@ VARIANTS["rotary"] = {
     "tile 4096": ("kernels.rotary", "_tile_config", lambda base: lambda H, width, elements=8192: base(H, width, 4096)),
     "tile 16384": ("kernels.rotary", "_tile_config", lambda base: lambda H, width, elements=8192: base(H, width, 16384)),
 }
+
+
+# Variants that replace a @triton.jit helper: a kernel's compiled code is keyed by its own
+# arguments, not by the helpers it called when first compiled, so each of these is timed in
+# a process of its own, where the first compile already sees the replacement.
+def _levels(form: str):
+    import level_variants
+
+    return level_variants.patches(getattr(level_variants, form))
+
+
+OWN_PROCESS = {"sibling totals by reduction", "sibling totals by reduction, intra 16 warps", "sibling totals by product"}
+for _op in ("chunk_gla", "chunk_kda"):
+    VARIANTS[_op]["sibling totals by reduction"] = _levels("sibling_total_by_reduction")
+    VARIANTS[_op]["sibling totals by product"] = _levels("sibling_total_by_product")
+VARIANTS["chunk_gla"]["sibling totals by reduction, intra 16 warps"] = (
+    _levels("sibling_total_by_reduction") + [_gla(intra={"num_warps": 16})])
+VARIANTS["chunk_dplr_delta_rule"]["sibling totals by product"] = _levels("sibling_total_by_product")
 
 
 def _more_programs(partials_module, factor: int):
@@ -343,7 +379,14 @@ def main():
     ap.add_argument("--baseline", default=None, help="a tree holding the kernels/ package to compare with")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--match", default=None, help="only the variants whose label matches this regex (and the default)")
     args = ap.parse_args()
+    if args.match:
+        import re
+
+        for op in list(VARIANTS):
+            VARIANTS[op] = {label: p for label, p in VARIANTS[op].items()
+                            if label == "default" or re.search(args.match, label)}
     ops = args.ops.split(",")
     baseline = args.baseline if args.baseline and os.path.isdir(os.path.join(args.baseline, "kernels")) else None
     if args.baseline and not baseline:
@@ -363,7 +406,9 @@ def main():
             return
     rows = []
     for op in ops:
-        runs = [(list(variants_of(op)), None)] + ([(["default"], baseline)] if baseline else [])
+        shared = [label for label in variants_of(op) if label not in OWN_PROCESS]
+        runs = ([(shared, None)] + [([label], None) for label in variants_of(op) if label in OWN_PROCESS]
+                + ([(["default"], baseline)] if baseline else []))
         while runs:
             labels, base = runs.pop(0)
             code = _prelude() + f"import json; print(json.dumps(s.time_variants({op!r}, {labels!r}, {args.rounds}, {base!r}, {args.profile})))"

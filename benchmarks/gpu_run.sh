@@ -3,7 +3,9 @@
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU, interleaved
 #                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine)
 #   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
-#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b to narrow it)
+#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it)
+#   bash benchmarks/gpu_run.sh ncu        # hardware counters (occupancy, stall reasons) of the chunk-parallel level
+#                                         # kernels, one launch each (FLA_NCU_OPS=a,b; FLA_NCU_KERNELS: a name regex)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
 #   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
@@ -54,11 +56,27 @@ case "$part" in
     # a baseline tree was carried along (.carry/baseline/kernels: see config_sweep.py): all
     # compiled in parallel first, then timed op by op on the idle GPU; per-kernel times last.
     timeout 330 python3 benchmarks/config_sweep.py --phase compile --jobs "${FLA_SWEEP_JOBS:-16}" --baseline .carry/baseline \
-      ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} > "$LOGS/sweep_compile.log" 2>&1
+      ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} > "$LOGS/sweep_compile.log" 2>&1
     timeout -s INT "${FLA_SWEEP_TIMEOUT:-230}" python3 benchmarks/config_sweep.py --phase time --baseline .carry/baseline --profile \
-      ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
+      ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
     echo "== compile:"; tail -n 5 "$LOGS/sweep_compile.log"
     echo "== sweep:"; grep -v '^{' "$LOGS/sweep.log"
+    ;;
+  ncu)
+    # One launch of each slow chunk-parallel kernel at the bench size, under Nsight Compute
+    # (clocks left alone: METHOD.md). Occupancy, issue slots and the stall reasons say whether
+    # a kernel waits on registers, shared-memory round trips or its own dependency chain.
+    for op in $(echo "${FLA_NCU_OPS:-chunk_gla,chunk_kda,chunk_dplr_delta_rule}" | tr , ' '); do
+      timeout "${FLA_NCU_TIMEOUT:-150}" ncu --clock-control none --launch-count 4 \
+        --kernel-name "regex:${FLA_NCU_KERNELS:-_intra_fwd|_qkg_bwd|kda_intra|kda_grad_keys|intra_fwd_kernel|qkabg_grad}" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        python3 -c "import sys; sys.path[:0] = ['.', 'benchmarks']; import config_sweep as s; s._side('$op').forward_backward()" \
+        > "$LOGS/ncu_$op.txt" 2>&1
+      echo "== $op: exit $?"
+      grep -E "^  [a-z_]+kernel|^  _[a-z_]+|Duration|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Reg|Stall|Issued Ipc|No Eligible|Warp Cycles Per Issued|L1/TEX Hit|Memory Throughput|Compute \(SM\)" \
+        "$LOGS/ncu_$op.txt" | head -n 60
+    done
     ;;
   multigpu)
     # -n auto on a machine with several GPUs: one worker per GPU, each pinned to its own

@@ -33,6 +33,17 @@ CAPTURING_LAUNCHES = False
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 
+def launch_options(num_warps: int, num_stages: int = 1, maxnreg: int | None = None) -> dict:
+    """``kernel[grid](..., **launch_options(...))``: warps, stages, ``COMPILE_OPTIONS``, and
+    an optional cap on registers per thread. Left alone, ptxas gives the level kernels all
+    255 registers at 8 warps, which fits one block per multiprocessor; a cap of 128 fits two,
+    at the price of spilling what does not fit (the interpreter ignores the cap)."""
+    options = {"num_warps": num_warps, "num_stages": num_stages, **COMPILE_OPTIONS}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return options
+
+
 def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

@@ -76,21 +76,38 @@ def queued_here(session) -> set[int] | None:
 # them and compiles or instruments each kernel once. At most this many tests per batch, so
 # that work still spreads over workers.
 BATCH_LIMIT = 24
+# A check with one or two tests per op (huge grid, 2**31 elements, host syncs, every output
+# written, determinism) would be a child per op: two start-ups (plain, then under the tool,
+# 14-29 s each under memcheck on the H100) for a test or two. Groups under SMALL_GROUP tests
+# are merged across ops, in the order collected, into batches of up to SMALL_BATCH.
+SMALL_GROUP = 4
+SMALL_BATCH = 8
 
 
 def batch_keys(nodeids: list[str], granularity: str) -> dict[str, str]:
     """nodeid -> the batch it runs in: its module (``module``), or its test function and
-    first parameter, in runs of at most BATCH_LIMIT tests (``batch``)."""
-    keys, sizes = {}, {}
+    first parameter, in runs of at most BATCH_LIMIT tests, small groups of one function
+    merged across parameters (``batch``)."""
+    if granularity == "module":
+        return {nodeid: nodeid.partition("::")[0] for nodeid in nodeids}
+    groups: dict[str, list[str]] = {}
     for nodeid in nodeids:
         path, _, rest = nodeid.partition("::")
-        if granularity == "module":
-            keys[nodeid] = path
-            continue
         name, bracket, params = rest.partition("[")
         group = f"{path}::{name}" + (f"[{params.rstrip(']').split('-')[0]}]" if bracket else "")
-        count = sizes[group] = sizes.get(group, 0) + 1
-        keys[nodeid] = f"{group}#{(count - 1) // BATCH_LIMIT}"
+        groups.setdefault(group, []).append(nodeid)
+    keys, merged = {}, {}  # merged: function -> (its merged batches so far, tests in the last)
+    for group, members in groups.items():
+        if len(members) >= SMALL_GROUP:
+            keys.update({nodeid: f"{group}#{i // BATCH_LIMIT}" for i, nodeid in enumerate(members)})
+            continue
+        function = group.partition("[")[0]
+        for nodeid in members:
+            count, filled = merged.get(function, (0, SMALL_BATCH))
+            if filled == SMALL_BATCH:
+                count, filled = count + 1, 0
+            merged[function] = (count, filled + 1)
+            keys[nodeid] = f"{function}[small]#{count - 1}"
     return keys
 
 

@@ -112,8 +112,7 @@ def installed_with_bytecode(package: str) -> bool:
         return False
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return False
-    return bool(importlib.util.cache_from_source(spec.origin)) and os.path.exists(
-        importlib.util.cache_from_source(spec.origin))
+    return os.path.exists(importlib.util.cache_from_source(spec.origin))
 
 
 def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None = None) -> dict:

@@ -89,7 +89,8 @@ def pytest_addoption(parser):
         "--fla-isolate",
         choices=ISOLATE_CHOICES,
         default=None,
-        help="run each test (or batch: a check's tests for one op; or module) in a subprocess, so a "
+        help="run each test (or batch: a check's tests for one op, a check with a few tests per op "
+        "across ops; or module) in a subprocess, so a "
         "device fault or a crash fails only its own test (default: none; batch under --fla-sanitizer)",
     )
     group.addoption("--fla-report", default=None, metavar="PATH", help="write the ops x checks report as JSON")

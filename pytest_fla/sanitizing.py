@@ -1,8 +1,8 @@
 """Which tests re-run under compute-sanitizer, and their verdicts.
 
 A test is re-run under each tool when it passed plainly, launched a Triton kernel and is not
-a ``large_memory`` check (or always, with ``--fla-sanitizer-all-tests``); its kernels are already compiled and cached
-by the plain run. Tests that ran plainly in one child (a batch or a module) re-run under
+a ``large_memory`` check (or always, with ``--fla-sanitizer-all-tests``); its kernels are
+already compiled and cached by the plain run. Tests that ran plainly in one child (a batch or a module) re-run under
 the tool in one child too: start-up (torch, CUDA, collection) is most of a sanitizer
 run's time. Launches are blocking under the tool, so a report comes while the kernel's
 test runs: it lands on that test, which re-runs alone to confirm. A report that comes

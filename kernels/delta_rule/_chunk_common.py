@@ -6,6 +6,7 @@ pass's program, and the configs per target arch. What every chunked family share
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -82,6 +83,9 @@ class Configs:
     grad_BV: int
     grad_warps: int
     grad_stages: int
+    # registers per thread (None: ptxas's choice) of the chunk-parallel level kernels
+    prepare_maxnreg: Optional[int] = None
+    grad_maxnreg: Optional[int] = None
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:

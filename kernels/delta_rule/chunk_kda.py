@@ -95,7 +95,7 @@ import torch
 import triton
 
 from .. import _arch
-from .._arch import COMPILE_OPTIONS
+from .._arch import COMPILE_OPTIONS, launch_options
 from .. import _library as library
 from .._gate_levels import LEVELS
 from .._sequence import state_slots
@@ -149,7 +149,7 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         kda_intra_kernel[(n_chunks * HV,)](
             q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, num_warps=cfg.prepare_warps, num_stages=1, **COMPILE_OPTIONS,
+            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg),
         )
     h = empty((slots, HV, K, V), work, dev)
     vn = empty((B, T, HV, V), work, dev)
@@ -208,13 +208,13 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
         dA = empty((B, T, HV, BT), work, dev)
         kda_grad_matrices_kernel[(n_chunks * HV,)](
             k, v, g, beta, saved["L"], saved["KK"], h, saved["vn"], dvn, do, saved["rk"], dPs, dA, dv, dbeta,
-            cu_seqlens, chunk_map, T, scale, BK=cfg.grad_BK, num_warps=cfg.grad_warps, num_stages=1, **common, **COMPILE_OPTIONS,
+            cu_seqlens, chunk_map, T, scale, BK=cfg.grad_BK, **common, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
         BK = cfg.grad_BK
         kda_grad_keys_kernel[(n_chunks * HV * triton.cdiv(K, BK),)](
             q, k, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"], dPs, dA,
             dq_heads, dk_heads, dg, cu_seqlens, chunk_map, T, scale,
-            BK=BK, LEVELS=LEVELS, num_warps=cfg.grad_warps, num_stages=1, **common, **COMPILE_OPTIONS,
+            BK=BK, LEVELS=LEVELS, **common, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     if direct:
         return dq_heads, dk_heads, dv, dg, dbeta, dh0

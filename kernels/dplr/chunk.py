@@ -137,6 +137,10 @@ class Configs:
     grad_BK: int
     grad_BV: int
     grad_warps: int
+    # registers per thread (None: ptxas's choice) of the chunk-parallel level kernels
+    intra_maxnreg: Optional[int] = None
+    score_maxnreg: Optional[int] = None
+    grad_maxnreg: Optional[int] = None
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:

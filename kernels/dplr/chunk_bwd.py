@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._arch import COMPILE_OPTIONS
+from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
@@ -334,11 +334,11 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
         score_grad_kernel[(n_chunks * H,)](
             do, saved["u"], v, du, saved["kg"], dh, saved["A_qk"], saved["L"], saved["M"], dY, dv, *dA, dA_unit,
             cu_seqlens, chunk_map, T, H=H, K=K, V=V, BT=BT, BK=cfg.score_BK, BV=cfg.score_BV,
-            num_warps=cfg.score_warps, num_stages=1, **flags, **COMPILE_OPTIONS,
+            **flags, **launch_options(cfg.score_warps, 1, cfg.score_maxnreg),
         )
         qkabg_grad_kernel[(n_chunks * H * cdiv(K, cfg.grad_BK),)](
             q, k, a, b, gk, do, saved["u"], v, dY, h, dh, *dA, dA_unit, dq, dk, da, db, dg,
             cu_seqlens, chunk_map, T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            num_warps=cfg.grad_warps, num_stages=1, **flags, **COMPILE_OPTIONS,
+            **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     return dq, dk, dv, da, db, dg, dh0

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._arch import COMPILE_OPTIONS
+from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, rows_tile_t, state_piece_load,
     store_state_pieces,
@@ -240,7 +240,7 @@ def chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_se
         intra_fwd_kernel[(n_chunks * H,)](
             q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, L, M, w, u_tilde, cu_seqlens, chunk_map, T, scale,
             H=H, K=K, V=V, BT=BT, BK=cfg.intra_BK, BV=cfg.intra_BV,
-            num_warps=cfg.intra_warps, num_stages=1, **flags, **COMPILE_OPTIONS,
+            **flags, **launch_options(cfg.intra_warps, 1, cfg.intra_maxnreg),
         )
     h = empty((n_slots, H, K, V), wt, dev)
     u = empty((B, T, H, V), wt, dev)

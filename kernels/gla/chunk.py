@@ -171,7 +171,7 @@ import triton.language as tl
 
 from .. import _arch, _partials, _utils
 from .. import _library as library
-from .._arch import COMPILE_OPTIONS
+from .._arch import COMPILE_OPTIONS, launch_options
 from .._gate_levels import LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, right_half
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
@@ -727,8 +727,8 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         cfg = lay.cfg["intra"]
         _intra_fwd[(lay.n_chunks * H,)](
             q, k, g, u, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-            **COMPILE_OPTIONS,
+            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None,
+            **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     o = _utils.empty_like(v)
     split = lay.cfg["output"] is not None
@@ -779,7 +779,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool, u
         _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
             q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, lay.cu_seqlens, lay.chunk_map, scale,
             **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
+            **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     du = _partials.column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
     return dq, dk, dv, dg, dh0, du

@@ -288,3 +288,32 @@ def test_batches_under_xdist_run_whole_in_one_worker(pytester, monkeypatch):
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == ["test_clean"] + [f"test_op[{c}]" for c in ("op-a", "op-b", "op-c", "op-d")]
     assert len(log.read_text().splitlines()) == 2  # test_clean's batch and test_op's
+
+
+ONE_PER_OP_PROJECT = KERNEL_AND_CLEAN_TEST + """
+import pytest
+
+
+@pytest.mark.parametrize("op", ["alpha", "beta", "gamma"])
+def test_huge_grid(op):
+    launch()
+    if under_tool(f"test_huge_grid[{op}]") and op == "beta":
+        report_inline()
+""" + BATCH_PROJECT[BATCH_PROJECT.index("def report_inline"):BATCH_PROJECT.index("@pytest.mark.parametrize")]
+
+
+def test_one_test_per_op_checks_share_a_child_across_ops(pytester, monkeypatch):
+    """A check with one test per op (huge grid, 2**31 elements, ...) would pay two child
+    start-ups per test: its ops' tests run in one child, plainly and under the tool, and a
+    report still lands on the op whose test was running."""
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=ONE_PER_OP_PROJECT)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=3, failed=1)
+    out = result.stdout.str()
+    assert "FAILED test_kernels.py::test_huge_grid[beta] - compute-sanitizer memcheck" in out
+    assert "run with 3 tests in one process" in out
+    # test_clean's child, the three ops' child, then beta alone to confirm its report
+    assert len(log.read_text().splitlines()) == 3
+    under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
+    assert sorted(under_tool) == sorted(["test_clean"] + [f"test_huge_grid[{op}]" for op in ("alpha", "beta", "beta", "gamma")])
