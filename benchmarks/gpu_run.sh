@@ -64,7 +64,7 @@ case "$part" in
     ;;
   ncu)
     # One launch of each slow chunk-parallel kernel at the bench size, under Nsight Compute
-    # (clocks left alone: METHOD.md). Occupancy, issue slots and the stall reasons say whether
+    # (clocks left alone, as the timed runs have them). Occupancy, issue slots and stalls say whether
     # a kernel waits on registers, shared-memory round trips or its own dependency chain.
     for op in $(echo "${FLA_NCU_OPS:-chunk_gla,chunk_kda,chunk_dplr_delta_rule}" | tr , ' '); do
       timeout "${FLA_NCU_TIMEOUT:-150}" ncu --clock-control none --launch-count 4 \

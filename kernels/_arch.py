@@ -35,9 +35,10 @@ COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
 def launch_options(num_warps: int, num_stages: int = 1, maxnreg: int | None = None) -> dict:
     """``kernel[grid](..., **launch_options(...))``: warps, stages, ``COMPILE_OPTIONS``, and
-    an optional cap on registers per thread. Left alone, ptxas gives the level kernels all
-    255 registers at 8 warps, which fits one block per multiprocessor; a cap of 128 fits two,
-    at the price of spilling what does not fit (the interpreter ignores the cap)."""
+    an optional cap on registers per thread (the interpreter ignores it). Left alone, ptxas
+    gives the level kernels all 255 registers at 8 warps, one block per multiprocessor; a cap
+    of 128 fits two but spills, and on the H100 every cap tried was slower (the configs keep
+    None; ``benchmarks/config_sweep.py`` has the variants, the results their times)."""
     options = {"num_warps": num_warps, "num_stages": num_stages, **COMPILE_OPTIONS}
     if maxnreg:
         options["maxnreg"] = maxnreg

@@ -36,7 +36,10 @@ def test_every_launch_states_the_compile_options():
                     and isinstance(node.func.value, ast.Name) and node.func.value.id in jit):
                 continue
             launches += 1
-            if not any(k.arg is None and ast.unparse(k.value).endswith("COMPILE_OPTIONS") for k in node.keywords):
+            # **COMPILE_OPTIONS, or **launch_options(...), which carries them
+            if not any(k.arg is None and (ast.unparse(k.value).endswith("COMPILE_OPTIONS")
+                                          or ast.unparse(k.value).startswith("launch_options("))
+                       for k in node.keywords):
                 missing.append(f"{path.relative_to(KERNELS.parent)}:{node.lineno} {node.func.value.id}")
     assert launches > 20, f"found only {launches} launches: the scan no longer sees them"
     assert not missing, "launches without **COMPILE_OPTIONS (kernels/_arch.py):\n" + "\n".join(missing)
