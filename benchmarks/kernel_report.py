@@ -2,10 +2,14 @@
 kernel, its config, grid, shared memory, and from ``ptxas -v`` its registers and spills.
 
     FLA_TARGET_ARCH=sm90 python benchmarks/kernel_report.py chunk_gla [--bwd] [--size B,T,H,K,V] [--variant NAME]
+                                                               [--dump DIR]
 
 The op runs on CPU tensors under launch capture (``pytest_fla.capture``), at the benchmark
 size by default, with the target arch's configs; every distinct launch is compiled for that
-arch. Spilled registers (local memory) and launches per call are what this is for.
+arch. Spilled registers (local memory) and launches per call are what this is for; with
+``--dump`` each kernel's TTGIR and PTX go to DIR, and the report counts its layout
+conversions and shared-memory instructions (where a kernel's shared-memory traffic comes
+from: Nsight Compute's excess wavefronts, benchmarks/results/README.md).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def main():
     ap.add_argument("--size", default="4,4096,16,128,128", help="B,T,H,K,V (default: the benchmark size)")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--variant", default=None, help="a config_sweep.py variant of the op, e.g. 'intra 16 warps'")
+    ap.add_argument("--dump", default=None, metavar="DIR", help="write each kernel's TTGIR and PTX there")
     args = ap.parse_args()
     if args.variant:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -80,6 +85,21 @@ def main():
         usage = ptxas_usage(compiled.asm["ptx"], arch) if launch.key() not in seen else "(as above)"
         seen.add(launch.key())
         print(f"  {launch.name} grid={launch.grid} shared={compiled.metadata.shared} {usage}\n    {launch.config()}")
+        if args.dump:
+            print("    " + dump(compiled, launch.name, args.dump))
+
+
+def dump(compiled, name: str, directory: str) -> str:
+    """Write the kernel's TTGIR and PTX to ``directory``; a line of what they hold."""
+    os.makedirs(directory, exist_ok=True)
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    for suffix, text in (("ttgir", ttgir), ("ptx", ptx)):
+        with open(os.path.join(directory, f"{name}.{suffix}"), "w") as f:
+            f.write(text)
+    counts = {"convert_layout": ttgir.count("ttg.convert_layout"), "local_alloc": ttgir.count("ttg.local_alloc"),
+              "gather": ttgir.count("tt.gather"), "st.shared": ptx.count("st.shared"),
+              "ld.shared": ptx.count("ld.shared"), "shfl": ptx.count("shfl.sync"), "bar.sync": ptx.count("bar.sync")}
+    return "TTGIR/PTX: " + ", ".join(f"{k} {v}" for k, v in counts.items())
 
 
 if __name__ == "__main__":
