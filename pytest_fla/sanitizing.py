@@ -2,12 +2,12 @@
 
 A test is re-run under each tool when it passed plainly, launched a Triton kernel and is not
 a ``large_memory`` check (or always, with ``--fla-sanitizer-all-tests``); its kernels are
-already compiled and cached by the plain run. Tests that ran plainly in one child (a
-batch or a module) re-run under the tool in one child too: start-up (torch, CUDA,
-collection) is most of a sanitizer run's time. Launches are blocking under the tool, so a report comes while the kernel's
-test runs: it lands on that test, which re-runs alone to confirm. A report that comes
-outside every test, and a batch whose child dies, fall back to tests run alone, so a
-finding is always pinned on the test that caused it.
+already compiled and cached by the plain run. Tests that ran plainly in one child (a batch
+or a module) re-run under the tool in one child too: start-up (torch, CUDA, collection) is
+most of a sanitizer run's time. Launches are blocking under the tool, so a report comes
+while the kernel's test runs: it lands on that test, which re-runs alone to confirm. A
+report that comes outside every test, and a batch whose child dies, fall back to tests run
+alone, so a finding is always pinned on the test that caused it.
 """
 
 from __future__ import annotations
