@@ -96,18 +96,14 @@ def batch_keys(nodeids: list[str], granularity: str) -> dict[str, str]:
         name, bracket, params = rest.partition("[")
         group = f"{path}::{name}" + (f"[{params.rstrip(']').split('-')[0]}]" if bracket else "")
         groups.setdefault(group, []).append(nodeid)
-    keys, merged = {}, {}  # merged: function -> (its merged batches so far, tests in the last)
+    keys, small = {}, {}  # small: function -> its small groups' tests, in order
     for group, members in groups.items():
         if len(members) >= SMALL_GROUP:
             keys.update({nodeid: f"{group}#{i // BATCH_LIMIT}" for i, nodeid in enumerate(members)})
-            continue
-        function = group.partition("[")[0]
-        for nodeid in members:
-            count, filled = merged.get(function, (0, SMALL_BATCH))
-            if filled == SMALL_BATCH:
-                count, filled = count + 1, 0
-            merged[function] = (count, filled + 1)
-            keys[nodeid] = f"{function}[small]#{count - 1}"
+        else:
+            small.setdefault(group.partition("[")[0], []).extend(members)
+    for function, members in small.items():
+        keys.update({nodeid: f"{function}[small]#{i // SMALL_BATCH}" for i, nodeid in enumerate(members)})
     return keys
 
 

@@ -227,11 +227,7 @@ def test_clean_after():
     assert "Fatal Python error: Aborted" in out
 
 
-BATCH_PROJECT = KERNEL_AND_CLEAN_TEST + """
-import pytest
-
-RAN = []
-
+REPORT_INLINE = """
 
 def report_inline():
     # what the tool prints while a kernel runs: into the program's stdout, at that moment
@@ -239,6 +235,13 @@ def report_inline():
                 b"=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31\\n")
     with open(os.environ["FAKE_SANITIZER_FINDING"] + ".inline", "a") as f:
         f.write("x\\n")
+
+"""
+
+BATCH_PROJECT = KERNEL_AND_CLEAN_TEST + REPORT_INLINE + """
+import pytest
+
+RAN = []
 
 
 @pytest.mark.parametrize("case", ["op-a", "op-b", "op-c", "op-d"])
@@ -290,7 +293,7 @@ def test_batches_under_xdist_run_whole_in_one_worker(pytester, monkeypatch):
     assert len(log.read_text().splitlines()) == 2  # test_clean's batch and test_op's
 
 
-ONE_PER_OP_PROJECT = KERNEL_AND_CLEAN_TEST + """
+ONE_PER_OP_PROJECT = KERNEL_AND_CLEAN_TEST + REPORT_INLINE + """
 import pytest
 
 
@@ -299,7 +302,7 @@ def test_huge_grid(op):
     launch()
     if under_tool(f"test_huge_grid[{op}]") and op == "beta":
         report_inline()
-""" + BATCH_PROJECT[BATCH_PROJECT.index("def report_inline"):BATCH_PROJECT.index("@pytest.mark.parametrize")]
+"""
 
 
 def test_one_test_per_op_checks_share_a_child_across_ops(pytester, monkeypatch):
