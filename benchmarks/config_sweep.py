@@ -63,13 +63,20 @@ def _dplr(**over):
     return _replace_configs("kernels.dplr.chunk", "choose_configs", **over)
 
 
-def _recurrent(fwd=None, bwd=None):
-    """Override the fused-recurrent configs: (BV, num_warps) forward and/or backward."""
+def _recurrent(fwd=None, bwd=None, dq=None):
+    """Override the fused-recurrent configs: (BV, num_warps) forward, backward (both of its
+    passes) and/or the backward's first pass alone (``dq``)."""
     def wrap(base):
         def configs(K, V, backward, bonus=False):
             cfg = base(K, V, backward, bonus)
             pick = bwd if backward else fwd
-            return cfg if pick is None else {**cfg, "BV": pick[0], "num_warps": pick[1]}
+            if pick is not None:
+                cfg = {**cfg, "BV": pick[0], "num_warps": pick[1]}
+                if backward:
+                    cfg.update(dq_BV=pick[0], dq_warps=pick[1])
+            if backward and dq is not None:
+                cfg = {**cfg, "dq_BV": dq[0], "dq_warps": dq[1]}
+            return cfg
         return configs
     return ("kernels.gated_recurrent.fused_recurrent", "_configs", wrap)
 
@@ -120,6 +127,8 @@ VARIANTS = {
         "bwd BV 16, 4 warps": _recurrent(bwd=(16, 4)),
         "bwd BV 32, 4 warps": _recurrent(bwd=(32, 4)),
         "bwd BV 128, 8 warps": _recurrent(bwd=(128, 8)),
+        "dq pass BV 64, 4 warps": _recurrent(dq=(64, 4)),
+        "dq pass BV 32, 2 warps": _recurrent(dq=(32, 2)),
     },
     "causal_conv1d": {
         "default": [],
@@ -179,6 +188,11 @@ VARIANTS["fused_recurrent_rwkv6"] = {
     "fwd BV 16, 1 warp": _recurrent(fwd=(16, 1)),
     "bwd BV 32, 2 warps": _recurrent(bwd=(32, 2)),
     "bwd BV 16, 1 warp": _recurrent(bwd=(16, 1)),
+    # the backward's first pass (dq, the forward kernel) on its own V split
+    "dq pass BV 16, 2 warps": _recurrent(dq=(16, 2)),
+    "dq pass BV 16, 1 warp": _recurrent(dq=(16, 1)),
+    "dq pass BV 32, 2 warps": _recurrent(dq=(32, 2)),
+    "dq pass BV 64, 4 warps": _recurrent(dq=(64, 4)),
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
 VARIANTS["rms_norm_gated"] = {

@@ -152,12 +152,31 @@ case "$part" in
     echo "== peer ($tag):"; tail -n 2 "$LOGS/tests_$tag.log"; head -n 80 "$LOGS/peer_$tag.md"
     ;;
   sanitizer)
+    # CPU and GPU load every 5 s beside the steps: whether the run waits on the cores
+    # (compiles, the tool's instrumenting) or on the device
+    vmstat -n 5 > "$LOGS/vmstat.log" 2>&1 & cpu_log=$!
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 > "$LOGS/gpu_load.log" 2>&1 & gpu_log=$!
+    # and every 60 s what each isolated child is doing (a batch still running when the run is
+    # cut leaves nothing in the report): its age, tests begun, the last one, its output's end
+    while sleep 60; do
+      echo "== $(date +%T)"
+      for d in "${TMPDIR:-/tmp}"/fla-child-*/; do
+        [ -f "$d/items.txt" ] || continue
+        printf '%s age %ss, %s of %s tests begun, last: %s\n' "$d" $(( $(date +%s) - $(stat -c %Y "$d/items.txt") )) \
+          "$(grep -c '"begin"' "$d/results.jsonl" 2>/dev/null || echo 0)" "$(wc -l < "$d/items.txt")" \
+          "$(grep -o '"begin": "[^"]*"' "$d/results.jsonl" 2>/dev/null | tail -n 1)"
+        grep -q "COMPUTE-SANITIZER" "$d/stdout" 2>/dev/null && echo "    (under compute-sanitizer)"
+        tail -c 300 "$d/stderr" 2>/dev/null | tail -n 2 | sed 's/^/    stderr: /'
+      done
+    done > "$LOGS/children.log" 2>&1 & child_log=$!
     for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do
       # SIGINT first: a step cut at its limit still writes its report and timing row
       FLA_LOG_DIR=$LOGS timeout -s INT -k 30 "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
     done
+    kill "$cpu_log" "$gpu_log" "$child_log" 2>/dev/null
     grep -E "^== |passed|failed|Invalid|=========" "$LOGS/sanitizer.out" | tail -n 20
     cat "$LOGS/gpu_plugin_checks.tsv"
+    echo "CPU busy % (vmstat, every 5 s):"; awk 'NR > 2 { printf "%d ", 100 - $15 } END { print "" }' "$LOGS/vmstat.log" | fold -w 200
     ;;
 esac
 tar czf "$OUT/$part.tgz" -C "$OUT/logs/$part" "$part"

@@ -81,8 +81,9 @@ def pytest_addoption(parser):
         "--fla-sanitizer-all-tests",
         action="store_true",
         help="under --fla-sanitizer, re-run also the tests that launched no Triton kernel "
-        "(by default they are not: they hold nothing of the kernels under test) and the "
-        "large_memory checks (by default they run plainly: they cannot shrink to small shapes)",
+        "(by default they are not: they hold nothing of the kernels under test) and run the "
+        "large_memory checks, under the tool too (by default they are skipped: they cannot shrink "
+        "to small shapes, and their plain run holds the GPU alone)",
     )
     group.addoption("--fla-blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1: faults show at their launch")
     group.addoption(
@@ -301,6 +302,13 @@ def pytest_collection_modifyitems(config, items):
             keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
+    if state.tools:
+        from .sanitizing import skipped_under_tools
+
+        for item in keep:
+            reason = skipped_under_tools(config, item)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
     # Checks that hold the GPU alone (large_memory) last: taking it mid-run waits for every
     # check in flight and idles the rest of the GPU meanwhile; at the end little is in flight.
     items[:] = [i for i in keep if i.get_closest_marker("large_memory") is None] + \
@@ -336,7 +344,10 @@ def pytest_runtest_protocol(item, nextitem):
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
         return None  # skipped at setup: nothing to isolate
     from .isolation import COUNT_LAUNCHES_ENV, replay, run_batch
-    from .sanitizing import Verdict, verdicts
+    from .sanitizing import Verdict, skipped_under_tools, verdicts
+
+    if state.tools and skipped_under_tools(item.config, item):
+        return None  # skipped here, by its marker: no child for it
 
     # Under the sanitizer the plain run uses the tool's small shapes too: it compiles the very
     # kernels the tool then runs, outside the tool (numerics at GPU sizes: a plain run's job).
@@ -358,6 +369,8 @@ def _batch(item, nextitem, state) -> list:
     """``item`` and the tests of its batch (or module) still to run in this process (under
     xdist: the ones queued to this worker, and the next one, which xdist has already taken
     off the queue)."""
+    from .sanitizing import skipped_under_tools
+
     items = item.session.items
     if state.batch_keys is None:
         state.batch_keys = distribute.batch_keys([i.nodeid for i in items], state.isolate)
@@ -367,6 +380,7 @@ def _batch(item, nextitem, state) -> list:
         other for index, other in enumerate(items)
         if other is not item and state.batch_keys.get(other.nodeid) == key and other.nodeid not in state.batches
         and (queued is None or index in queued or other is nextitem)
+        and not (state.tools and skipped_under_tools(item.config, other))
     ]
 
 

@@ -57,6 +57,10 @@ class TestRecord:
     # isolated runs only: wall time of its child processes, and of those under the sanitizer
     process_seconds: float | None = None
     sanitizer_seconds: float | None = None
+    # when it began (epoch seconds: its setup's start, in the process that ran it) and on
+    # which xdist worker: with the durations, a timeline of the run (where workers waited)
+    started: float | None = None
+    worker: str | None = None
 
 
 @dataclass
@@ -74,6 +78,11 @@ class RunReport:
             record = TestRecord(report.nodeid, props["fla_op"], props["fla_check"], props["fla_arch"], props["fla_mode"])
             self.records[key] = record
         record.duration += report.duration
+        start = getattr(report, "start", None)
+        if start is not None and (record.started is None or start < record.started):
+            record.started = start
+        node = getattr(report, "node", None)  # set by xdist's controller
+        record.worker = getattr(getattr(node, "gateway", None), "id", None) or record.worker
         if PROCESS_SECONDS_PROPERTY in props:
             record.process_seconds = props[PROCESS_SECONDS_PROPERTY]
             record.sanitizer_seconds = props.get(SANITIZER_SECONDS_PROPERTY)
@@ -114,6 +123,8 @@ class RunReport:
                     "reason": r.reason,
                     "process_seconds": r.process_seconds,
                     "sanitizer_seconds": r.sanitizer_seconds,
+                    "started": None if r.started is None else round(r.started, 3),
+                    "worker": r.worker,
                 }
                 for r in self.records.values()
             ],

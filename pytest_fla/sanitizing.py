@@ -1,8 +1,9 @@
 """Which tests re-run under compute-sanitizer, and their verdicts.
 
-A test is re-run under each tool when it passed plainly, launched a Triton kernel and is not
-a ``large_memory`` check (or always, with ``--fla-sanitizer-all-tests``); its kernels are
-already compiled and cached by the plain run. Tests that ran plainly in one child (a batch
+A test is re-run under each tool when it passed plainly and launched a Triton kernel (or
+always, with ``--fla-sanitizer-all-tests``); its kernels are already compiled and cached by
+the plain run. A ``large_memory`` check is not run at all (``LARGE_NOT_RUN``) unless that
+option asks. Tests that ran plainly in one child (a batch
 or a module) re-run under the tool in one child too: start-up (torch, CUDA, collection) is
 most of a sanitizer run's time. Launches are blocking under the tool, so a report comes
 while the kernel's test runs: it lands on that test, which re-runs alone to confirm. A
@@ -19,11 +20,20 @@ from .isolation import ItemOutcome, run_batch, test_output
 
 NOT_LAUNCHED = "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)"
 # A large_memory check cannot shrink to the tool's small shapes (2**31 elements is its
-# point) and holds the GPU alone: 25-30 s of tool time each on the H100, with every other
-# check waiting, one after another, 13 minutes over the suite's 26.
-NOT_LARGE = ("not run: a large_memory check holds the GPU alone at its full size, where the tool "
-             "takes 25-30 s per check with every other check waiting; its plain run checks the "
-             "rows past 2**31 (--fla-sanitizer-all-tests runs it)")
+# point): under the tool it took 25-30 s each on the H100 with the GPU held alone. Its plain
+# run holds the GPU alone too, and each hold first waits for every check in flight (new ones
+# queue behind it), so on the H100 a memcheck run's plain int64 checks left most of 16
+# workers idle for minutes. It adds nothing the tool sees; the plain suite runs it.
+LARGE_NOT_RUN = ("not run under --fla-sanitizer: a large_memory check cannot shrink to the tool's "
+                 "small shapes, and its plain run holds the GPU alone, every other check waiting; "
+                 "the plain suite runs it (--fla-sanitizer-all-tests runs it, under the tool too)")
+
+
+def skipped_under_tools(config, item) -> str | None:
+    """Why ``item`` is not run at all in this sanitizer session, or None."""
+    if item.get_closest_marker("large_memory") is not None and not config.option.fla_sanitizer_all_tests:
+        return LARGE_NOT_RUN
+    return None
 
 
 @dataclass
@@ -49,8 +59,6 @@ def verdicts(config, items, plain: dict, tools: list[str]) -> dict:
             result[item.nodeid] = Verdict()
         elif outcome.triton_launches() == 0 and not every_test:
             result[item.nodeid] = Verdict(section=("compute-sanitizer", NOT_LAUNCHED))
-        elif item.get_closest_marker("large_memory") is not None and not every_test:
-            result[item.nodeid] = Verdict(section=("compute-sanitizer", NOT_LARGE))
         else:
             candidates.append(item)
     failures = {item.nodeid: [] for item in candidates}

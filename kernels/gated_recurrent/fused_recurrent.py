@@ -367,11 +367,12 @@ def fused_recurrent_bwd_kernel(
 
 @triton.jit
 def fused_recurrent_reduce_kernel(
-    dq_part, dk_part, dg_part, dq, dk, dg, n_rows, NV,
+    dq_part, dk_part, dg_part, dq, dk, dg, n_rows, NV_Q, NV,
     K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
     GATE_GRAD: tl.constexpr, PER_CHANNEL: tl.constexpr,
 ):
-    """dq, dk (and dg) = sums of the V-block partials, cast to the inputs' dtypes.
+    """dq, dk (and dg) = sums of the V-block partials, cast to the inputs' dtypes: NV_Q
+    blocks of dq (the first pass's V blocks), NV of dk and dg (the second pass's).
     ``n_rows`` counts (token, head) rows."""
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     o_k = tl.arange(0, BK)
@@ -382,9 +383,10 @@ def fused_recurrent_reduce_kernel(
     bdk = tl.zeros([BR, BK], dtype=tl.float32)
     bdg = tl.zeros([BR, BK], dtype=tl.float32)
     bdg_row = tl.zeros([BR], dtype=tl.float32)
+    for i_v in range(NV_Q):
+        bdq += tl.load(dq_part + i_v * n_rows * K + offs, mask=m, other=0.0)
     for i_v in range(NV):
         slab = i_v * n_rows * K
-        bdq += tl.load(dq_part + slab + offs, mask=m, other=0.0)
         bdk += tl.load(dk_part + slab + offs, mask=m, other=0.0)
         if GATE_GRAD:
             if PER_CHANNEL:
@@ -410,20 +412,23 @@ def _configs(K: int, V: int, backward: bool, bonus: bool = False) -> dict:
     4 warps in the forward. The backward (both passes) holds the state, its gradient and
     the segment's [BK, SEG] tiles at once: at 8 warps and a 64-wide V block that was ~235
     registers a thread (ptxas, sm90, K = 128), one program per SM, the programs in waves.
-    No shared memory beyond Triton's reductions and the one small dot, on every arch."""
+    No shared memory beyond Triton's reductions and the one small dot, on every arch.
+    ``dq_BV`` and ``dq_warps`` are the backward's first pass (the forward kernel in its dq
+    mode), which holds only the state and may split V its own way."""
     BK = block_size(K)
     if bonus and BK <= 128:
         # rwkv6 (the bonus u): each step also forms q . (u ⊙ k) and the du partial sums.
         # On the H100 (fused_recurrent_rwkv6, same size; config_sweep.py): backward 28.7 ms
         # at BV 32 and 4 warps against 34.5 at 16 and 2; forward 2.16 ms at BV 16 and 2
         # warps against 2.64 at 64 and 4
-        return dict(BK=BK, BV=32, num_warps=4) if backward else dict(BK=BK, BV=16, num_warps=2)
+        return dict(BK=BK, BV=32, num_warps=4, dq_BV=32, dq_warps=4) if backward else dict(BK=BK, BV=16, num_warps=2)
     if backward:
         # narrow V blocks, few warps: more, lighter programs, each a serial walk over T, so
         # more of them in flight hide each step's latency. On the H100 (fused_recurrent_gla,
         # B=4 T=4096 H=16 K=V=128 bf16, forward+backward): 27.2 ms at BV 16 and 2 warps,
         # 29.1 at 32 and 4, 33.5 at 16 and 4, 46.5 at 64 and 8 (the rule before)
-        return dict(BK=BK, BV=16, num_warps=2 if BK <= 128 else 4)
+        warps = 2 if BK <= 128 else 4
+        return dict(BK=BK, BV=16, num_warps=warps, dq_BV=16, dq_warps=warps)
     BV = max(16, min(block_size(V), 8192 // BK))
     return dict(BK=BK, BV=BV, num_warps=4 if BK * BV <= 8192 else 8)
 
@@ -480,12 +485,12 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     B, T, H, K = q.shape
     V = v.shape[-1]
     cfg = _configs(K, V, backward=True, bonus=u is not None)
-    NV = cdiv(V, cfg["BV"])
+    NV, NV_Q = cdiv(V, cfg["BV"]), cdiv(V, cfg["dq_BV"])
     do = do.contiguous()
     if dht is not None:
         dht = dht.contiguous()
     gate = gk if gk is not None else g
-    dq_part = empty((NV, B * T, H, K), torch.float32, q.device)
+    dq_part = empty((NV_Q, B * T, H, K), torch.float32, q.device)
     dk_part = empty((NV, B * T, H, K), torch.float32, q.device)
     dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
     slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
@@ -494,11 +499,11 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
     du_part = empty((N * NV, H * K), torch.float32, q.device) if u is not None else None
     gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None)
-    fused_recurrent_fwd_kernel[(N * H * NV,)](
+    fused_recurrent_fwd_kernel[(N * H * NV_Q,)](
         do, k, v, g, g_gamma, gk, u, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
-        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates,
+        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["dq_BV"], SEG=SEGMENT, **gates,
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
-        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["dq_warps"], **COMPILE_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NV,)](
         q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
@@ -514,7 +519,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     BR = max(16, 4096 // cfg["BK"])
     if n_rows > 0:
         fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
-            dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV,
+            dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV_Q, NV,
             K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4, **COMPILE_OPTIONS,
         )
     du = column_sum(du_part, u.dtype).view(u.shape) if u is not None else None

@@ -637,11 +637,13 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     return {
         # bf16: one [64, 128] key block per pass ran the forward in 0.83 ms against 0.95 at 64
         # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers). 16 warps
-        # ran the bf16 forward in 0.882 against 0.920 ms on the H100 (three sweeps agreeing)
-        # and passed the conformance checks there, but has not yet run under memcheck, which
-        # a gate-level config change needs (kernels/README.md): it stays at 8 until then
-        # (benchmarks/results/README.md, "Prepared, not yet run on a GPU")
-        "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128), num_warps=8, num_stages=1),
+        # for bf16 on sm90: 0.882 against 0.920 ms forward at 8 (H100, three sweeps agreeing);
+        # the kernel is latency-bound at one block an SM (Nsight Compute: 12.5% occupancy),
+        # and register caps or gather-free level sums were slower (benchmarks/results/README.md).
+        # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
+        # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120)
+        "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128),
+                      num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
         # (Triton 3.6, memcheck: the state update's product in _states_fwd); see also
         # _Layout.state_prec

@@ -155,16 +155,21 @@ def test_past_two_to_the_31():
 '''
 
 
-def test_a_large_memory_check_runs_plainly_not_under_the_tool(pytester, monkeypatch):
-    _stand_in(pytester, monkeypatch)
+def test_a_large_memory_check_is_skipped_unless_all_tests_are_asked_for(pytester, monkeypatch):
+    """Its plain run would hold the GPU alone (every other check waiting) for nothing the
+    tool sees: it is skipped, in the worker, without a child process."""
+    log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels=LARGE_MEMORY_PROJECT)
-    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA")
-    result.assert_outcomes(passed=2)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA", "--fla-report=report.json")
+    result.assert_outcomes(passed=1, skipped=1)
     assert (pytester.path / "sanitizer.log.tests").read_text().split() == ["test_clean"]
-    assert "a large_memory check holds the GPU alone" in result.stdout.str()
+    assert "not run under --fla-sanitizer: a large_memory check" in result.stdout.str()
+    timed = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "report.json").read_text())["tests"]}
+    assert timed["test_past_two_to_the_31"]["process_seconds"] is None  # no child ran it
     result = run(pytester, "--fla-sanitizer=memcheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
     result.assert_outcomes(passed=2)
     assert "test_past_two_to_the_31" in (pytester.path / "sanitizer.log.tests").read_text().split()
+    assert len(log.read_text().splitlines()) == 2 + 1  # the first run's test_clean, then both
 
 
 def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch):
@@ -286,11 +291,17 @@ def test_batches_under_xdist_run_whole_in_one_worker(pytester, monkeypatch):
     one process."""
     log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels=BATCH_PROJECT.replace('case == "op-b" or (case == "op-d" and RAN)', "False"))
-    result = run(pytester, "--fla-sanitizer=memcheck", "-n", "2", "-rA")
+    result = run(pytester, "--fla-sanitizer=memcheck", "-n", "2", "-rA", "--fla-report=report.json")
     result.assert_outcomes(passed=5)
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == ["test_clean"] + [f"test_op[{c}]" for c in ("op-a", "op-b", "op-c", "op-d")]
     assert len(log.read_text().splitlines()) == 2  # test_clean's batch and test_op's
+    # the report's timeline: when each test began, and on which worker (a batch's on one)
+    tests = json.loads((pytester.path / "report.json").read_text())["tests"]
+    assert all(t["started"] > 1e9 and t["worker"] in ("gw0", "gw1") for t in tests)
+    batch = [t for t in tests if "test_op[" in t["nodeid"]]
+    assert len({t["worker"] for t in batch}) == 1
+    assert [t["nodeid"] for t in sorted(batch, key=lambda t: t["started"])] == [t["nodeid"] for t in batch]
 
 
 ONE_PER_OP_PROJECT = KERNEL_AND_CLEAN_TEST + REPORT_INLINE + """
