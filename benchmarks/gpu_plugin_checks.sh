@@ -49,8 +49,9 @@ want "$WHAT" faults && step faults tests/plugin -v -rs
 want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 "${OPS_ARG[@]}"
 # -v and a JSON report: every test's outcome and duration, even from a run cut short
 want "$WHAT" plain && step plain tests/test_conformance.py "${OPS_ARG[@]}" -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
+# FLA_DURATIONS: an earlier run's report (--fla-durations), so the longest batches start first
 want "$WHAT" memcheck && step memcheck tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck -n "$WORKERS" -v \
-  --fla-report="$LOGS/report.memcheck.json"
+  --fla-report="$LOGS/report.memcheck.json" ${FLA_DURATIONS:+"--fla-durations=$FLA_DURATIONS"}
 # the same under module batches: one sanitizer process per batch of a worker's tests
 want "$WHAT" memcheck_module && step memcheck_module tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck \
   --fla-isolate=module -n "$WORKERS" -v --fla-report="$LOGS/report.memcheck_module.json"

@@ -169,11 +169,18 @@ case "$part" in
         tail -c 300 "$d/stderr" 2>/dev/null | tail -n 2 | sed 's/^/    stderr: /'
       done
     done > "$LOGS/children.log" 2>&1 & child_log=$!
+    # 40 s before the first step's limit, every isolated child writes its Python stacks to its
+    # stderr (SIGUSR1: pytest_fla.isolation); the stacks of those still running are kept
+    first_limit=${FLA_STEP_LIMITS:-x:120}; first_limit=${first_limit%% *}; first_limit=${first_limit##*:}
+    { sleep $(( first_limit > 60 ? first_limit - 40 : 20 )); pkill -USR1 -f -- "--fla-child=" ; sleep 5
+      for d in "${TMPDIR:-/tmp}"/fla-child-*/; do
+        [ -f "$d/stderr" ] && { echo "== $d"; grep -A40 "Thread 0x\|Current thread" "$d/stderr" | tail -n 60; }
+      done; } > "$LOGS/children_stacks.log" 2>&1 & stacks_log=$!
     for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do
       # SIGINT first: a step cut at its limit still writes its report and timing row
       FLA_LOG_DIR=$LOGS timeout -s INT -k 30 "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
     done
-    kill "$cpu_log" "$gpu_log" "$child_log" 2>/dev/null
+    kill "$cpu_log" "$gpu_log" "$child_log" "$stacks_log" 2>/dev/null
     grep -E "^== |passed|failed|Invalid|=========" "$LOGS/sanitizer.out" | tail -n 20
     cat "$LOGS/gpu_plugin_checks.tsv"
     echo "CPU busy % (vmstat, every 5 s):"; awk 'NR > 2 { printf "%d ", 100 - $15 } END { print "" }' "$LOGS/vmstat.log" | fold -w 200

@@ -157,6 +157,14 @@ def test_deterministic(spec, dtype, fla_device):
     checks.check_deterministic(spec, spec.cases[0], dtype, fla_device, checks.seed_for("det", spec.name, dtype))
 
 
+# Under compute-sanitizer a launch of over 65535 programs ran for minutes (parallel_attn's:
+# still running after 285 s on the H100, with one core and 1-3% of the GPU busy). Its plain
+# run checks the large grid; the tools check every kernel at the small shapes.
+HUGE_GRID_PLAIN_ONLY = ("a launch of over 65535 programs runs for minutes under the tool; "
+                        "its plain run checks the grid")
+
+
+@pytest.mark.fla_plain_only(reason=HUGE_GRID_PLAIN_ONLY)
 @over_specs("spec", one_per_spec(lambda spec: spec.huge_grid is not None))
 def test_huge_grid(spec, fla_device):
     checks.check_huge_grid(spec, "bf16" if fla_device.type == "cuda" else "fp32", fla_device, checks.seed_for("huge", spec.name))

@@ -107,11 +107,55 @@ def batch_keys(nodeids: list[str], granularity: str) -> dict[str, str]:
     return keys
 
 
+def recorded_seconds(path: str) -> dict[str, float]:
+    """nodeid -> the seconds an earlier run's ``--fla-report`` gives it: its child processes'
+    wall time where it ran isolated (start-up and the tool's runs included), else its own.
+    A path ending in ``.gz`` is read gzipped."""
+    import gzip
+    import json
+
+    try:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            tests = json.load(f)["tests"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise pytest.UsageError(f"--fla-durations: cannot read {path}: {error}") from None
+    seconds = {}
+    for test in tests:
+        value = test.get("process_seconds")
+        seconds[test["nodeid"]] = float(value if value is not None else test.get("duration") or 0.0)
+    return seconds
+
+
+def longest_first(items: list, keys: dict[str, str], seconds: dict[str, float]) -> list:
+    """``items`` with their batches (``keys``: nodeid -> batch) longest first, by the recorded
+    ``seconds`` (a test not recorded counts as the median recorded one); the tests of a
+    batch keep their order, batches of equal time theirs.
+
+    A run's end waits for its last batch: started last, the longest ones (a chunked op's
+    varlen checks, compiling each packing's kernels: 4-6 minutes of one memcheck worker on
+    the H100) kept the run going minutes after the other workers had finished."""
+    known = sorted(seconds.values())
+    typical = known[len(known) // 2] if known else 0.0
+    order: dict[str, int] = {}
+    cost: dict[str, float] = {}
+    for item in items:
+        key = keys.get(item.nodeid, item.nodeid)
+        order.setdefault(key, len(order))
+        cost[key] = cost.get(key, 0.0) + seconds.get(item.nodeid, typical)
+    return sorted(items, key=lambda item: (-cost[keys.get(item.nodeid, item.nodeid)],
+                                           order[keys.get(item.nodeid, item.nodeid)]))
+
+
 def batch_scheduler(config, log, granularity: str):
     """An xdist scheduler that hands each worker whole batches (xdist's ``loadscope`` with
     the batch as the scope), so a worker's batch is all of it rather than the 2-4 tests
-    that ``load`` queues on a worker at a time."""
+    that ``load`` queues on a worker at a time. With ``--fla-durations`` the batches go out
+    in the workers' collection order (longest first, ``longest_first``), not xdist's order
+    by test count."""
     from xdist.scheduler import LoadScopeScheduling
+
+    if config.getoption("fla_durations", None) and hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
     class BatchScheduling(LoadScopeScheduling):
         keys: dict[str, str] | None = None

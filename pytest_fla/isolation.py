@@ -15,6 +15,7 @@ The child side is ``ChildReporter``, installed by the plugin under ``--fla-child
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -296,6 +297,11 @@ class ChildReporter:
         # Under --fla-sanitizer the parent asks how many Triton kernels each test launched
         # (a test that launched none has nothing of the kernels under test to sanitize).
         self.count_launches = os.environ.get(COUNT_LAUNCHES_ENV) == "1"
+        # A child that stops making progress (seen under compute-sanitizer: children waiting
+        # at their first test with the CPU and the GPU idle) shows where it waits: SIGUSR1
+        # writes every thread's Python stack to its stderr, which the parent keeps.
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # the fd: pytest replaces sys.stderr
 
     def _write(self, event: dict) -> None:
         self.out.write(json.dumps(event) + "\n")

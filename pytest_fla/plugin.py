@@ -95,6 +95,13 @@ def pytest_addoption(parser):
         "device fault or a crash fails only its own test (default: none; batch under --fla-sanitizer)",
     )
     group.addoption("--fla-report", default=None, metavar="PATH", help="write the ops x checks report as JSON")
+    group.addoption(
+        "--fla-durations",
+        default=None,
+        metavar="PATH",
+        help="run the longest batches (or tests) first, timed by an earlier run's --fla-report: "
+        "a run waits for its last batch, and a long one started last keeps it going alone",
+    )
     group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
     group.addoption(
         "--fla-impl",
@@ -164,6 +171,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "fla_op(name): the op a test checks (a row of the report matrix)")
     config.addinivalue_line("markers", "fla_compile(arch): an offline compile check for one arch, e.g. 'sm86'")
     config.addinivalue_line("markers", "large_memory: needs a GPU with tens of GiB free (tensors over 2**31 elements)")
+    config.addinivalue_line("markers", "fla_plain_only(reason): under --fla-sanitizer, run plainly only, not under "
+                            "the tool (unless --fla-sanitizer-all-tests)")
     try:
         poison.configure(config.getini(poison.INI))
     except ValueError as error:
@@ -309,6 +318,10 @@ def pytest_collection_modifyitems(config, items):
             reason = skipped_under_tools(config, item)
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+    if config.option.fla_durations:
+        granularity = state.isolate if state.isolate in ("batch", "module") else "test"
+        keys = distribute.batch_keys([i.nodeid for i in keep], granularity) if granularity != "test" else {}
+        keep = distribute.longest_first(keep, keys, distribute.recorded_seconds(config.option.fla_durations))
     # Checks that hold the GPU alone (large_memory) last: taking it mid-run waits for every
     # check in flight and idles the rest of the GPU meanwhile; at the end little is in flight.
     items[:] = [i for i in keep if i.get_closest_marker("large_memory") is None] + \

@@ -29,6 +29,17 @@ LARGE_NOT_RUN = ("not run under --fla-sanitizer: a large_memory check cannot shr
                  "the plain suite runs it (--fla-sanitizer-all-tests runs it, under the tool too)")
 
 
+# Marks a test the tools do not re-run: it runs plainly only (the marker's reason says why),
+# unless --fla-sanitizer-all-tests asks.
+PLAIN_ONLY = "fla_plain_only"
+
+
+def plain_only_reason(item) -> str:
+    marker = item.get_closest_marker(PLAIN_ONLY)
+    reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "marked plain-only")
+    return f"not run under the tool: {reason} (--fla-sanitizer-all-tests runs it)"
+
+
 def skipped_under_tools(config, item) -> str | None:
     """Why ``item`` is not run at all in this sanitizer session, or None."""
     if item.get_closest_marker("large_memory") is not None and not config.option.fla_sanitizer_all_tests:
@@ -59,6 +70,8 @@ def verdicts(config, items, plain: dict, tools: list[str]) -> dict:
             result[item.nodeid] = Verdict()
         elif outcome.triton_launches() == 0 and not every_test:
             result[item.nodeid] = Verdict(section=("compute-sanitizer", NOT_LAUNCHED))
+        elif item.get_closest_marker(PLAIN_ONLY) is not None and not every_test:
+            result[item.nodeid] = Verdict(section=("compute-sanitizer", plain_only_reason(item)))
         else:
             candidates.append(item)
     failures = {item.nodeid: [] for item in candidates}

@@ -114,3 +114,79 @@ def test_children_keep_bytecode_in_a_shared_cache_where_none_is_written_or_insta
     subprocess.run([sys.executable, "-c", "import plain_package"], env={**env, "PYTHONPATH": str(tmp_path)}, check=True)
     assert list((tmp_path / "pytest-fla-pycache").rglob("__init__*.pyc"))
     assert not (tmp_path / "plain_package" / "__pycache__").exists()
+
+
+ORDER_PROJECT = '''
+import os, pytest
+
+def _log(name):
+    with open(os.environ["FLA_TEST_RUN_LOG"], "a") as f:
+        f.write(name + "\\n")
+
+@pytest.mark.parametrize("op", ["a", "b"])
+def test_quick(op):
+    _log(f"quick-{op}")
+
+@pytest.mark.parametrize("op", ["a", "b"])
+def test_slow(op):
+    _log(f"slow-{op}")
+
+def test_unrecorded():
+    _log("unrecorded")
+'''
+
+# An earlier run's --fla-report: isolated tests by their processes' seconds, others by their own
+RECORDED = {"tests": [
+    {"nodeid": "test_order.py::test_quick[a]", "process_seconds": 1.0, "duration": 0.1},
+    {"nodeid": "test_order.py::test_quick[b]", "process_seconds": 1.0, "duration": 0.1},
+    {"nodeid": "test_order.py::test_slow[a]", "process_seconds": 30.0, "duration": 25.0},
+    {"nodeid": "test_order.py::test_slow[b]", "process_seconds": None, "duration": 20.0},
+]}
+
+
+@pytest.mark.parametrize("how", [("-p", "no:xdist"), ("-n", "1")], ids=["in_process", "xdist"])
+def test_durations_run_the_longest_batches_first(pytester, monkeypatch, how):
+    """Batches by their recorded seconds, longest first (slow: 50 s; the unrecorded test
+    counts as the median test, 20 s; quick: 2 s), each batch's tests in their order; under
+    xdist the batches go out in that order, not by test count."""
+    import json
+
+    log = pytester.path / "runs.log"
+    monkeypatch.setenv("FLA_TEST_RUN_LOG", str(log))
+    pytester.makepyfile(test_order=ORDER_PROJECT)
+    (pytester.path / "durations.json").write_text(json.dumps(RECORDED))
+    result = run(pytester, "--fla-isolate=batch", *how)
+    result.assert_outcomes(passed=5)
+    assert log.read_text().split() == ["quick-a", "quick-b", "slow-a", "slow-b", "unrecorded"]
+    log.unlink()
+    result = run(pytester, "--fla-isolate=batch", "--fla-durations=durations.json", *how)
+    result.assert_outcomes(passed=5)
+    assert log.read_text().split() == ["slow-a", "slow-b", "unrecorded", "quick-a", "quick-b"]
+
+
+def test_durations_that_cannot_be_read_are_a_usage_error(pytester):
+    pytester.makepyfile(test_order=ORDER_PROJECT)
+    result = run(pytester, "--fla-durations=missing.json", "-p", "no:xdist")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--fla-durations: cannot read missing.json" in result.stderr.str()
+
+
+STUCK_PROJECT = """
+import os, signal, time
+
+def test_stops_making_progress():
+    os.kill(os.getpid(), signal.SIGUSR1)  # what one sends a child that waits too long
+    time.sleep(0.5)
+    os.abort()
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGUSR1"), reason="SIGUSR1 is POSIX")
+def test_a_child_writes_its_stacks_on_sigusr1(pytester):
+    """A child that stops making progress can be asked where it waits: SIGUSR1 writes
+    every thread's Python stack to its stderr, whose end the parent reports."""
+    pytester.makepyfile(test_stuck=STUCK_PROJECT)
+    result = run(pytester, "--fla-isolate=test", "-p", "no:xdist")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "Current thread" in out and "in test_stops_making_progress" in out

@@ -172,6 +172,30 @@ def test_a_large_memory_check_is_skipped_unless_all_tests_are_asked_for(pytester
     assert len(log.read_text().splitlines()) == 2 + 1  # the first run's test_clean, then both
 
 
+PLAIN_ONLY_PROJECT = KERNEL_AND_CLEAN_TEST + '''
+
+import pytest
+
+
+@pytest.mark.fla_plain_only(reason="its launch holds the GPU for minutes under the tool")
+def test_huge_launch():
+    launch()
+    under_tool("test_huge_launch")
+'''
+
+
+def test_a_plain_only_test_runs_plainly_not_under_the_tool(pytester, monkeypatch):
+    _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=PLAIN_ONLY_PROJECT)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=2)
+    assert (pytester.path / "sanitizer.log.tests").read_text().split() == ["test_clean"]
+    assert "not run under the tool: its launch holds the GPU for minutes under the tool" in result.stdout.str()
+    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+    assert "test_huge_launch" in (pytester.path / "sanitizer.log.tests").read_text().split()
+
+
 def test_each_tool_asked_for_runs_and_all_tests_on_request(pytester, monkeypatch):
     log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels="def test_no_kernel():\n    pass\n")
