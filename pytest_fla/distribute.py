@@ -2,7 +2,8 @@
 
 Several arch targets: one xdist worker per target (``--dist each``), each started
 with its target's environment, so every worker collects the same tests and runs
-them under its own target. One target and ``-n auto``: one worker per visible GPU,
+them under its own target; with ``-n N``, N workers for a target that runs the numeric
+checks, each keeping every N-th test. One target and ``-n auto``: one worker per visible GPU,
 each pinned to its GPU through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
 """
 
@@ -25,13 +26,37 @@ def tx_spec(target: targets.Target, extra_env: dict[str, str]) -> str:
     return "popen" + "".join(f"//env:{key}={value}" for key, value in env.items())
 
 
+# "k/n": this worker runs the k-th of n shares of its target's tests (several workers per target)
+SHARD_ENV = "FLA_SHARD"
+
+
 def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None:
+    """Workers per target (``--dist each``): one for a compile-only target, ``-n N`` for one
+    that runs the numeric checks (default 1), each running its share of the tests.
+
+    The numeric target is most of a run's work: under ``--fla-arch=all`` on two cores its one
+    worker ran alone for most of the run, the compile-only ones done, the other core idle."""
     if not config.pluginmanager.hasplugin("xdist"):
         raise pytest.UsageError("--fla-arch with several targets runs one worker per target: install pytest-xdist")
-    if getattr(config.option, "numprocesses", None):
-        raise pytest.UsageError("-n and several --fla-arch targets cannot be combined: each target gets one worker")
-    config.option.tx = [tx_spec(t, {}) for t in run_targets]
+    shares = getattr(config.option, "numprocesses", None) or 1
+    if shares in ("auto", "logical"):
+        shares = os.cpu_count() or 1
+    specs = []
+    for target in run_targets:
+        n = 1 if target.mode == targets.COMPILE_ONLY else int(shares)
+        specs += [tx_spec(target, {SHARD_ENV: f"{k}/{n}"} if n > 1 else {}) for k in range(n)]
+    config.option.tx = specs
     config.option.dist = "each"
+    config.option.numprocesses = None  # the workers are the specs above, not xdist's -n
+
+
+def my_share(items: list) -> tuple[list, list]:
+    """In a worker that runs one share of its target's tests: (its items, the others)."""
+    shard = os.environ.get(SHARD_ENV, "")
+    if not shard:
+        return items, []
+    k, n = (int(part) for part in shard.split("/"))
+    return items[k::n], [item for i, item in enumerate(items) if i % n != k]
 
 
 def visible_gpus(gpu: targets.Gpu) -> list[str]:
@@ -132,7 +157,7 @@ def longest_first(items: list, keys: dict[str, str], seconds: dict[str, float]) 
     batch keep their order, batches of equal time theirs.
 
     A run's end waits for its last batch: started last, the longest ones (a chunked op's
-    varlen checks, compiling each packing's kernels: 4-6 minutes of one memcheck worker on
+    varlen checks, compiling each packing's kernels: 4-6.5 minutes of one memcheck worker on
     the H100) kept the run going minutes after the other workers had finished."""
     known = sorted(seconds.values())
     typical = known[len(known) // 2] if known else 0.0

@@ -4,8 +4,10 @@ the modules together).
 Processes of a run:
 
 * the controller (the process you start) resolves ``--fla-arch`` into targets; with one
-  target it runs the tests itself, with several it starts one xdist worker per target;
-* a worker runs every test under its own target (``FLA_RUN_TARGET`` and friends);
+  target it runs the tests itself, with several it starts one xdist worker per target
+  (``-n N``: N for a target that runs the numeric checks);
+* a worker runs every test under its own target (``FLA_RUN_TARGET`` and friends), or its
+  share of them (``FLA_SHARD``);
 * a child (``--fla-child``) runs a batch of tests for ``--fla-isolate`` or the sanitizer
   and streams their reports back to the process that started it.
 
@@ -210,7 +212,8 @@ def pytest_report_header(config):
     lines = [toolchain.header_line(), f"fla targets ({len(state.targets)}):"]
     lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
     if len(state.targets) > 1:
-        lines.append("  one xdist worker per target; compile checks run in their own arch's worker")
+        lines.append("  one xdist worker per target (-n N: N for a target that runs the numeric checks, each a "
+                     "share of its tests); compile checks run in their own arch's worker")
     if not any(targets.COMPILES[t.mode] for t in state.targets):
         lines.append("  compile checks: none here (deselected); --fla-arch=all adds compile-only targets")
     if state.tools:
@@ -322,6 +325,10 @@ def pytest_collection_modifyitems(config, items):
         granularity = state.isolate if state.isolate in ("batch", "module") else "test"
         keys = distribute.batch_keys([i.nodeid for i in keep], granularity) if granularity != "test" else {}
         keep = distribute.longest_first(keep, keys, distribute.recorded_seconds(config.option.fla_durations))
+    if state.role == "worker":  # a pytest started by a worker's test inherits the variable too
+        keep, others = distribute.my_share(keep)
+        if others:
+            config.hook.pytest_deselected(items=others)
     # Checks that hold the GPU alone (large_memory) last: taking it mid-run waits for every
     # check in flight and idles the rest of the GPU meanwhile; at the end little is in flight.
     items[:] = [i for i in keep if i.get_closest_marker("large_memory") is None] + \

@@ -145,3 +145,29 @@ def test_a_worker_collecting_nothing_last_does_not_end_the_run_as_empty():
     with pytest.raises(StopIteration):
         loop.send(True)
     assert session.testscollected == 30
+
+
+SHARE_REPORT = '''
+import os, pathlib, pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_numeric(i):
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    pathlib.Path(f"ran-{i}-{worker}.txt").write_text(os.environ.get("FLA_RUN_TARGET", ""))
+'''
+
+
+@cpu_only
+def test_n_splits_the_numeric_target_over_n_workers(pytester):
+    """With several targets, -n 2 gives the interpreter two workers, each running its share
+    of the tests once; each compile-only target keeps one worker (the tests that run
+    kernels skip there)."""
+    pytester.makepyfile(test_share=SHARE_REPORT)
+    result = run(pytester, "--fla-arch=sm80,sm90", "-n", "2", "-v")
+    out = result.stdout.str()
+    assert "created: 4/4 workers" in out
+    ran = sorted(p.name for p in pytester.path.glob("ran-*.txt"))
+    assert [name.split("-")[1] for name in ran] == [str(i) for i in range(6)]  # each test once
+    assert len({name.split("-")[2] for name in ran}) == 2  # on two workers
+    assert all(p.read_text().startswith("interpreter") for p in pytester.path.glob("ran-*.txt"))
+    result.assert_outcomes(passed=6, skipped=12)
