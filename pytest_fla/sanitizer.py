@@ -10,6 +10,7 @@ test is still running.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
@@ -66,6 +67,43 @@ def lean_options(tool: str) -> list[str]:
     return options
 
 
+# compute-sanitizer reaches the program it checks over TCP: the program (the tool's library
+# injected into it) listens on the first free port of --max-connections ports from --port,
+# 10 from 49152 by default, and the tool connects to it there. Every tool process of a run,
+# one per xdist worker, drew from those same ten ports; on the H100, 16 memcheck workers ended
+# with child after child under the tool waiting at its first test (where CUDA starts, and the
+# connection with it), CPU and GPU idle. Each worker gets ports of its own instead: one tool
+# process at a time per worker, with room for ports a finished child left in TIME_WAIT.
+PORT_BASE = 49152
+PORTS_PER_WORKER = 32
+PORT_OFFSET_ENV = "FLA_SANITIZER_PORT_OFFSET"  # for two runs side by side on one machine
+
+
+def port_range(worker: str | None = None, offset: int | None = None) -> tuple[int, int]:
+    """(first port, count) for this process's tool runs: a block of its own per xdist worker
+    (``gwN``: the N-th block; the controller or a run without xdist: block 0), moved by
+    ``offset`` blocks (``FLA_SANITIZER_PORT_OFFSET``), wrapping inside 49152-65535."""
+    if worker is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if offset is None:
+        offset = int(os.environ.get(PORT_OFFSET_ENV, "0") or 0)
+    match = re.fullmatch(r"gw(\d+)", worker)
+    blocks = (65536 - PORT_BASE) // PORTS_PER_WORKER
+    block = ((int(match.group(1)) if match else 0) + offset) % blocks
+    return PORT_BASE + block * PORTS_PER_WORKER, PORTS_PER_WORKER
+
+
+def port_options() -> list[str]:
+    """``--port``/``--max-connections`` for this worker's ports, where this compute-sanitizer
+    lists both in its ``--help``."""
+    path = executable()
+    listed = _help_text(path) if path else ""
+    if not all(re.search(rf"(^|\s){option}\b", listed) for option in ("--port", "--max-connections")):
+        return []
+    first, count = port_range()
+    return ["--port", str(first), "--max-connections", str(count)]
+
+
 def command(tool: str) -> list[str]:
     return [
         executable() or "compute-sanitizer",
@@ -78,6 +116,7 @@ def command(tool: str) -> list[str]:
         "--show-backtrace",
         "device",
         *lean_options(tool),
+        *port_options(),
     ]
 
 

@@ -1,10 +1,10 @@
 """Which tests re-run under compute-sanitizer, and their verdicts.
 
-A test is re-run under each tool when it passed plainly and launched a Triton kernel (or
-always, with ``--fla-sanitizer-all-tests``); its kernels are already compiled and cached by
-the plain run. A ``large_memory`` check is not run at all (``LARGE_NOT_RUN``) unless that
-option asks. Tests that ran plainly in one child (a batch
-or a module) re-run under the tool in one child too: start-up (torch, CUDA, collection) is
+A test is re-run under each tool when it passed plainly, launched a Triton kernel and is not
+marked ``fla_plain_only`` (or always, with ``--fla-sanitizer-all-tests``); its kernels are
+already compiled and cached by the plain run. A ``large_memory`` check is not run at all
+(``LARGE_NOT_RUN``) unless that option asks. Tests that ran plainly in one child (a batch or
+a module) re-run under the tool in one child too: start-up (torch, CUDA, collection) is
 most of a sanitizer run's time. Launches are blocking under the tool, so a report comes
 while the kernel's test runs: it lands on that test, which re-runs alone to confirm. A
 report that comes outside every test, and a batch whose child dies, fall back to tests run
@@ -21,9 +21,8 @@ from .isolation import ItemOutcome, run_batch, test_output
 NOT_LAUNCHED = "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)"
 # A large_memory check cannot shrink to the tool's small shapes (2**31 elements is its
 # point): under the tool it took 25-30 s each on the H100 with the GPU held alone. Its plain
-# run holds the GPU alone too, and each hold first waits for every check in flight (new ones
-# queue behind it), so on the H100 a memcheck run's plain int64 checks left most of 16
-# workers idle for minutes. It adds nothing the tool sees; the plain suite runs it.
+# run holds the GPU alone too, and each hold first waits for every check in flight while new
+# ones queue behind it: other workers idle, for nothing the tool sees. The plain suite runs it.
 LARGE_NOT_RUN = ("not run under --fla-sanitizer: a large_memory check cannot shrink to the tool's "
                  "small shapes, and its plain run holds the GPU alone, every other check waiting; "
                  "the plain suite runs it (--fla-sanitizer-all-tests runs it, under the tool too)")

@@ -21,6 +21,8 @@ if args == ["--help"]:
     print("  --tool arg            memcheck, racecheck, initcheck or synccheck")
     print("  --target-processes arg    application-only or all")
     print("  --check-device-heap arg   yes or no")
+    print("  --max-connections arg (=10)   Maximum number of ports for connecting to target application")
+    print("  --port arg (=49152)           Base port for connecting to target application")
     sys.exit(0)
 tool, options = None, []
 while args and args[0].startswith("--"):  # every option the plugin passes takes a value
@@ -320,6 +322,10 @@ def test_batches_under_xdist_run_whole_in_one_worker(pytester, monkeypatch):
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == ["test_clean"] + [f"test_op[{c}]" for c in ("op-a", "op-b", "op-c", "op-d")]
     assert len(log.read_text().splitlines()) == 2  # test_clean's batch and test_op's
+    # each worker's tool runs reach their programs on ports of the worker's own
+    ports = {tuple(re.search(r"--port (\d+) --max-connections (\d+)", line).groups())
+             for line in (pytester.path / "sanitizer.log.options").read_text().splitlines()}
+    assert ports <= {("49152", "32"), ("49184", "32")}
     # the report's timeline: when each test began, and on which worker (a batch's on one)
     tests = json.loads((pytester.path / "report.json").read_text())["tests"]
     assert all(t["started"] > 1e9 and t["worker"] in ("gw0", "gw1") for t in tests)

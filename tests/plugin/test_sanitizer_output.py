@@ -61,3 +61,19 @@ def test_a_run_cut_short_is_not_clean():
 def test_no_cuda_call_does_not_excuse_findings():
     result = sanitizer.parse("memcheck", ONE_READ.replace("========= ERROR SUMMARY: 1 error\n", "") + NO_CUDA)
     assert not result.clean
+
+
+def test_each_xdist_worker_gets_ports_of_its_own():
+    """The tool and its program meet on a TCP port from a range: workers sharing the default
+    ten ports waited at their first test on the H100 (pytest_fla/sanitizer.py)."""
+    first, count = sanitizer.port_range("gw0", offset=0)
+    assert (first, count) == (49152, 32)
+    ranges = [sanitizer.port_range(f"gw{n}", offset=0) for n in range(64)]
+    spans = sorted((start, start + n) for start, n in ranges)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))  # disjoint
+    assert all(49152 <= start and start + n <= 65536 for start, n in ranges)
+    assert sanitizer.port_range("", offset=0) == (49152, 32)  # no xdist: the first block
+    assert sanitizer.port_range("gw1", offset=16) == sanitizer.port_range("gw17", offset=0)
+    blocks = (65536 - 49152) // 32
+    assert sanitizer.port_range(f"gw{blocks}", offset=0) == (49152, 32)  # wraps inside the range
+
