@@ -59,6 +59,11 @@ class Launch:
             repr(sorted(self.options.__dict__.items())),
         )
 
+    def kernel_key(self) -> tuple:
+        """The kernel and the element types of its pointers: one of each per dtype an op runs in."""
+        pointers = sorted({v for v in self.signature.values() if isinstance(v, str) and v.startswith("*")})
+        return (id(self.kernel), tuple(pointers))
+
 
 @dataclass
 class Problem:
@@ -192,8 +197,9 @@ def compile_error_text(error: Exception, context_lines: int = 4) -> str:
     return text
 
 
-def check_launches(launches: list[Launch], arch: int) -> CompileResult:
-    """Compile every distinct launch for ``arch`` and check it against the arch's limits."""
+def check_launches(launches: list[Launch], arch: int, per_kernel: bool = False) -> CompileResult:
+    """Compile every distinct launch for ``arch`` (``per_kernel``: each kernel's first launch
+    per pointer element type) and check it against the arch's limits; every launch's grid too."""
     limit = SHARED_MEMORY_LIMIT[arch]
     result = CompileResult(arch, launches)
     seen: set = set()
@@ -201,7 +207,7 @@ def check_launches(launches: list[Launch], arch: int) -> CompileResult:
         for axis, (size, cap) in enumerate(zip(launch.grid, MAX_GRID)):
             if size > cap:
                 result.problems.append(Problem(launch, f"grid axis {axis} is {size}, over CUDA's limit of {cap}"))
-        key = launch.key()
+        key = launch.kernel_key() if per_kernel else launch.key()
         if key in seen:
             continue
         seen.add(key)
@@ -226,11 +232,11 @@ class CompileCheckFailed(AssertionError):
     pass
 
 
-def assert_compiles(launches: list[Launch], arch: int) -> CompileResult:
+def assert_compiles(launches: list[Launch], arch: int, per_kernel: bool = False) -> CompileResult:
     """``check_launches`` that fails with every problem listed; returns the result."""
     if not launches:
         raise CompileCheckFailed("no kernel launch was captured: nothing to compile")
-    result = check_launches(launches, arch)
+    result = check_launches(launches, arch, per_kernel)
     if result.problems:
         lines = "\n".join(f"  {p}" for p in result.problems)
         raise CompileCheckFailed(f"{len(result.problems)} problem(s) for {arch_name(arch)}:\n{lines}")

@@ -10,6 +10,12 @@ gets the test by importing it into one of its test modules::
 
 Each runs in the process of its own arch's target (``--fla-arch=sm86`` or ``all``) and
 is deselected elsewhere; on a CPU machine that process is compile-only.
+
+``--fla-compile-scope=kernels`` compiles each kernel once per dtype (its first launch)
+instead of every distinct launch: every kernel the op launches still goes through the
+arch's code generator, at a fraction of the time (the specialisations of other compile
+cases, such as a head dim of 256, are the ones left out; the grid checks see every launch).
+``--fla-compile-dtypes=bf16`` runs the ops in bf16 alone (default: bf16 and fp32).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from .targets import ALL_ARCHS, arch_name, parse_arch
 
 DIRECTIONS = ("fwd", "bwd")
 COMPILE_DTYPES = ("bf16", "fp32")
+SCOPES = ("launches", "kernels")  # --fla-compile-scope: see the module's docstring
 
 
 def compile_params(specs) -> list:
@@ -69,14 +76,30 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
     return launches if direction == "bwd" else recorder.launches
 
 
-def check_op_compiles(spec, direction: str, arch: str) -> CompileResult:
-    """The test body: capture, compile for ``arch``, fail with every problem found."""
+def check_op_compiles(spec, direction: str, arch: str, scope: str = "launches",
+                      dtypes=COMPILE_DTYPES) -> CompileResult:
+    """The test body: capture the op in ``dtypes``, compile for ``arch`` (``scope``: every
+    distinct launch, or each kernel once per dtype), fail with every problem found."""
     cap = parse_arch(arch)
     assert cap in ALL_ARCHS
-    return assert_compiles(capture_op(spec, cap, direction), cap)
+    return assert_compiles(capture_op(spec, cap, direction, dtypes), cap, per_kernel=scope == "kernels")
+
+
+def compile_dtypes(text: str) -> tuple[str, ...]:
+    """``--fla-compile-dtypes``: a comma list of bf16, fp32 (others have no compile cases)."""
+    import pytest
+
+    dtypes = tuple(d.strip() for d in text.split(",") if d.strip())
+    unknown = [d for d in dtypes if d not in COMPILE_DTYPES]
+    if unknown or not dtypes:
+        raise pytest.UsageError(f"--fla-compile-dtypes: {unknown or text!r}; choose from {', '.join(COMPILE_DTYPES)}")
+    return dtypes
 
 
 @over_specs("spec,direction,arch", compile_params)
-def test_compile(spec, direction, arch):
+def test_compile(spec, direction, arch, request):
     """Every kernel config the op launches compiles for ``arch`` within its limits."""
-    print(check_op_compiles(spec, direction, arch).summary())
+    option = request.config.getoption
+    scope = option("fla_compile_scope", "launches")
+    dtypes = compile_dtypes(option("fla_compile_dtypes", ",".join(COMPILE_DTYPES)))
+    print(check_op_compiles(spec, direction, arch, scope, dtypes).summary())

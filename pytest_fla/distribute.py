@@ -3,8 +3,9 @@
 Several arch targets: one xdist worker per target (``--dist each``), each started
 with its target's environment, so every worker collects the same tests and runs
 them under its own target; with ``-n N``, N workers for a target that runs the numeric
-checks, each keeping every N-th test. One target and ``-n auto``: one worker per visible GPU,
-each pinned to its GPU through ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
+checks, each keeping every N-th test, and N shared out among the compile-only targets.
+One target and ``-n auto``: one worker per visible GPU, each pinned to its GPU through
+``CUDA_VISIBLE_DEVICES`` before anything touches CUDA.
 """
 
 from __future__ import annotations
@@ -31,19 +32,22 @@ SHARD_ENV = "FLA_SHARD"
 
 
 def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None:
-    """Workers per target (``--dist each``): one for a compile-only target, ``-n N`` for one
-    that runs the numeric checks (default 1), each running its share of the tests.
+    """Workers per target (``--dist each``), each running its share of the target's tests:
+    ``-n N`` (default 1) for a target that runs the numeric checks, and N shared out among
+    the compile-only targets, at least one each.
 
     The numeric target is most of a run's work: under ``--fla-arch=all`` on two cores its one
-    worker ran alone for most of the run, the compile-only ones done, the other core idle."""
+    worker ran alone for most of the run, the compile-only ones done, the other core idle.
+    A lone compile-only target (``--fla-arch=sm90``) with one worker left a core idle too."""
     if not config.pluginmanager.hasplugin("xdist"):
         raise pytest.UsageError("--fla-arch with several targets runs one worker per target: install pytest-xdist")
     shares = getattr(config.option, "numprocesses", None) or 1
     if shares in ("auto", "logical"):
         shares = os.cpu_count() or 1
+    compile_only = sum(t.mode == targets.COMPILE_ONLY for t in run_targets)
     specs = []
     for target in run_targets:
-        n = 1 if target.mode == targets.COMPILE_ONLY else int(shares)
+        n = max(1, int(shares) // compile_only) if target.mode == targets.COMPILE_ONLY else int(shares)
         specs += [tx_spec(target, {SHARD_ENV: f"{k}/{n}"} if n > 1 else {}) for k in range(n)]
     config.option.tx = specs
     config.option.dist = "each"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import distribute, poison, registry, repro, sanitizer, targets, toolchain
+from . import compile_check, distribute, interpreter, poison, registry, repro, sanitizer, targets, toolchain
 from . import report as run_report
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
@@ -106,6 +106,20 @@ def pytest_addoption(parser):
     )
     group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
     group.addoption(
+        "--fla-compile-scope",
+        choices=compile_check.SCOPES,
+        default="launches",
+        help="what the compile checks compile for each arch: every distinct launch an op makes over its "
+        "compile cases and dtypes (launches, the default), or each kernel once per dtype, its first launch "
+        "(kernels: a quick run, as for a Triton release beside the pinned one)",
+    )
+    group.addoption(
+        "--fla-compile-dtypes",
+        default=",".join(compile_check.COMPILE_DTYPES),
+        metavar="DTYPES",
+        help=f"the dtypes the compile checks run each op in (default {','.join(compile_check.COMPILE_DTYPES)})",
+    )
+    group.addoption(
         "--fla-impl",
         default=None,
         metavar="NAME",
@@ -179,6 +193,7 @@ def pytest_configure(config):
         poison.configure(config.getini(poison.INI))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
+    compile_check.compile_dtypes(config.option.fla_compile_dtypes)  # a usage error before any test
     role = _role(config)
     state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
     if config.option.fla_sanitizer and role != "child":
@@ -195,6 +210,8 @@ def pytest_configure(config):
 
         config.pluginmanager.register(ChildReporter(config, config.option.fla_child), "fla-child")
     config.stash[repro.SANITIZER_TOOLS] = state.tools
+    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+        interpreter.skip_repeated_patching()
     if state.target is not None and state.target.mode == targets.EMULATED:
         from .emulation import enforce_shared_memory_limit
 
@@ -212,8 +229,9 @@ def pytest_report_header(config):
     lines = [toolchain.header_line(), f"fla targets ({len(state.targets)}):"]
     lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
     if len(state.targets) > 1:
-        lines.append("  one xdist worker per target (-n N: N for a target that runs the numeric checks, each a "
-                     "share of its tests); compile checks run in their own arch's worker")
+        lines.append("  one xdist worker per target (-n N: N for a target that runs the numeric checks, N shared "
+                     "out among the compile-only ones; each a share of its tests); compile checks run in their "
+                     "own arch's workers")
     if not any(targets.COMPILES[t.mode] for t in state.targets):
         lines.append("  compile checks: none here (deselected); --fla-arch=all adds compile-only targets")
     if state.tools:
@@ -224,6 +242,9 @@ def pytest_report_header(config):
                      "a report lands on the test that was running)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
+    if any(t.mode == targets.INTERPRETER for t in state.targets) and os.environ.get(interpreter.OFF_ENV) != "1":
+        lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
+                     f"(pytest_fla/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
     return lines
 
 

@@ -86,3 +86,33 @@ def test_compile_error_text_names_the_innermost_cause():
     assert text.startswith("RuntimeError: at 12:16:")
     assert "backward_chunk" in text
     assert "constexpr cannot be reassigned" in text
+
+
+SCOPE_PROJECT = '''
+import pytest, torch
+import faulty_kernels as fk
+from pytest_fla.capture import check_launches, capture_launches
+
+@pytest.mark.fla_compile("sm80")
+def test_scopes():
+    x32, x16 = torch.zeros(256), torch.zeros(256, dtype=torch.float16)
+    with capture_launches(80) as recorder:
+        fk.copy_kernel[(4,)](x32, x32, 256, BLOCK=64)
+        fk.copy_kernel[(2,)](x32, x32, 256, BLOCK=128)
+        fk.copy_kernel[(1, 70000)](x16, x16, 256, BLOCK=64)
+    every = check_launches(recorder.launches, 80)
+    per_kernel = check_launches(recorder.launches, 80, per_kernel=True)
+    assert (every.compiled, per_kernel.compiled) == (3, 2)  # per kernel: one fp32, one fp16 launch
+    # the grid is checked on every launch either way
+    assert [str(p) for p in per_kernel.problems] == [str(p) for p in every.problems]
+    assert len(every.problems) == 1 and "grid axis 1 is 70000" in str(every.problems[0])
+'''
+
+
+@cpu_only
+def test_kernel_scope_compiles_each_kernel_once_per_dtype(project):
+    """--fla-compile-scope=kernels: each kernel's first launch per pointer type, not every
+    specialisation; the grid limits still apply to all of them."""
+    project.makepyfile(test_project=SCOPE_PROJECT)
+    result = run(project, "--fla-arch=sm80")
+    result.assert_outcomes(passed=1)

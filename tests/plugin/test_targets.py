@@ -171,3 +171,26 @@ def test_n_splits_the_numeric_target_over_n_workers(pytester):
     assert len({name.split("-")[2] for name in ran}) == 2  # on two workers
     assert all(p.read_text().startswith("interpreter") for p in pytester.path.glob("ran-*.txt"))
     result.assert_outcomes(passed=6, skipped=12)
+
+
+COMPILE_SHARE_REPORT = '''
+import os, pathlib, pytest
+
+@pytest.mark.parametrize("i", range(6))
+@pytest.mark.fla_compile("sm90")
+def test_compiles(i):
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    pathlib.Path(f"compiled-{i}-{worker}.txt").write_text(os.environ.get("FLA_RUN_TARGET", ""))
+'''
+
+
+@cpu_only
+def test_n_shares_a_lone_compile_only_target_over_n_workers(pytester):
+    """-n 2 with one compile-only target: two workers compile, each its share once."""
+    pytester.makepyfile(test_compile_share=COMPILE_SHARE_REPORT)
+    result = run(pytester, "--fla-arch=sm90", "-n", "2", "-v")
+    assert "created: 4/4 workers" in result.stdout.str()  # two for the interpreter, two for sm90
+    ran = sorted(p.name for p in pytester.path.glob("compiled-*.txt"))
+    assert [name.split("-")[1] for name in ran] == [str(i) for i in range(6)]
+    assert len({name.split("-")[2] for name in ran}) == 2
+    assert all(p.read_text().startswith("sm90") for p in pytester.path.glob("compiled-*.txt"))
