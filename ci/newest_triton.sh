@@ -28,8 +28,8 @@
 # (--fla-compile-scope=kernels --fla-compile-dtypes=bf16). On two cores with a cold Triton
 # cache, every distinct launch (head dims up to 256, bf16 and fp32) took 575 s for these three
 # archs without chunk_kda and chunk_dplr_delta_rule; with them, each kernel once per dtype took
-# 385 s, once in bf16 130 s. The matrix (ci/workflow.yml) compiles every launch in both dtypes for every arch on
-# every Triton.
+# 385 s, once in bf16 130 s. The matrix (ci/workflow.yml) compiles every launch in both
+# dtypes for every arch on every Triton.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRITON=${FLA_NEWEST_TRITON:-3.9.0}

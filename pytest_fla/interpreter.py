@@ -22,10 +22,15 @@ import os
 OFF_ENV = "FLA_INTERPRETER_REPATCH"
 
 
+def wanted() -> bool:
+    """Whether the shortcut is to be installed (``FLA_INTERPRETER_REPATCH=1`` says no)."""
+    return os.environ.get(OFF_ENV) != "1"
+
+
 def skip_repeated_patching() -> bool:
-    """Install the shortcut in this process; False (nothing done) where it is turned off or
+    """Install the shortcut in this process; False (nothing done) where it is not wanted or
     this Triton's interpreter has not the shape it was written for."""
-    if os.environ.get(OFF_ENV) == "1":
+    if not wanted():
         return False
     try:
         from triton.runtime import interpreter

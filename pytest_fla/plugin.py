@@ -25,6 +25,7 @@ import pytest
 
 from . import compile_check, distribute, interpreter, poison, registry, repro, sanitizer, targets, toolchain
 from . import report as run_report
+from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
     device_mismatch,
@@ -210,7 +211,7 @@ def pytest_configure(config):
 
         config.pluginmanager.register(ChildReporter(config, config.option.fla_child), "fla-child")
     config.stash[repro.SANITIZER_TOOLS] = state.tools
-    if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+    if is_interpreter():
         interpreter.skip_repeated_patching()
     if state.target is not None and state.target.mode == targets.EMULATED:
         from .emulation import enforce_shared_memory_limit
@@ -242,7 +243,7 @@ def pytest_report_header(config):
                      "a report lands on the test that was running)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
-    if any(t.mode == targets.INTERPRETER for t in state.targets) and os.environ.get(interpreter.OFF_ENV) != "1":
+    if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
                      f"(pytest_fla/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
     return lines

@@ -56,13 +56,18 @@ def _help_text(path: str) -> str:
     return done.stdout + done.stderr
 
 
-def lean_options(tool: str) -> list[str]:
-    """The LEAN_OPTIONS for ``tool`` that this compute-sanitizer lists in its ``--help``."""
+def _lists(option: str) -> bool:
+    """Whether the compute-sanitizer on the PATH lists ``option`` in its ``--help``."""
     path = executable()
     listed = _help_text(path) if path else ""
+    return re.search(rf"(^|\s){re.escape(option)}\b", listed) is not None
+
+
+def lean_options(tool: str) -> list[str]:
+    """The LEAN_OPTIONS for ``tool`` that this compute-sanitizer lists in its ``--help``."""
     options = []
     for option, (value, tools) in LEAN_OPTIONS.items():
-        if tool in tools and re.search(rf"(^|\s){re.escape(option)}\b", listed):
+        if tool in tools and _lists(option):
             options += [option, value]
     return options
 
@@ -96,9 +101,7 @@ def port_range(worker: str | None = None, offset: int | None = None) -> tuple[in
 def port_options() -> list[str]:
     """``--port``/``--max-connections`` for this worker's ports, where this compute-sanitizer
     lists both in its ``--help``."""
-    path = executable()
-    listed = _help_text(path) if path else ""
-    if not all(re.search(rf"(^|\s){option}\b", listed) for option in ("--port", "--max-connections")):
+    if not (_lists("--port") and _lists("--max-connections")):
         return []
     first, count = port_range()
     return ["--port", str(first), "--max-connections", str(count)]
