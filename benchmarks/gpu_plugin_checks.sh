@@ -51,7 +51,8 @@ want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80
 want "$WHAT" plain && step plain tests/test_conformance.py "${OPS_ARG[@]}" -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
 # FLA_DURATIONS: an earlier run's report (--fla-durations), so the longest batches start first
 want "$WHAT" memcheck && step memcheck tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck -n "$WORKERS" -v \
-  --fla-report="$LOGS/report.memcheck.json" ${FLA_DURATIONS:+"--fla-durations=$FLA_DURATIONS"}
+  --fla-report="$LOGS/report.memcheck.json" ${FLA_DURATIONS:+"--fla-durations=$FLA_DURATIONS"} \
+  ${FLA_SANITIZER_STALL:+"--fla-sanitizer-stall=$FLA_SANITIZER_STALL"}
 # the same under module batches: one sanitizer process per batch of a worker's tests
 want "$WHAT" memcheck_module && step memcheck_module tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck \
   --fla-isolate=module -n "$WORKERS" -v --fla-report="$LOGS/report.memcheck_module.json"

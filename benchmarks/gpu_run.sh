@@ -34,7 +34,8 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$LOGS/machine.txt"
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  compute-sanitizer --version 2>/dev/null | tail -n 1; } | tee "$LOGS/machine.txt"
 case "$part" in
   bench)
     # The peer autotunes tens of configs per kernel on first call: compile everything in
@@ -172,9 +173,10 @@ case "$part" in
       done
     done > "$LOGS/children.log" 2>&1 & child_log=$!
     # 40 s before the first step's limit, every isolated child writes its Python stacks to its
-    # stderr (SIGUSR1: pytest_fla.isolation); the stacks of those still running are kept
+    # stderr (SIGUSR1: pytest_fla.isolation); the stacks of those still running are kept. Only
+    # the Python children: compute-sanitizer, whose command line holds theirs, dies of SIGUSR1
     first_limit=${FLA_STEP_LIMITS:-x:120}; first_limit=${first_limit%% *}; first_limit=${first_limit##*:}
-    { sleep $(( first_limit > 60 ? first_limit - 40 : 20 )); pkill -USR1 -f -- "--fla-child=" ; sleep 5
+    { sleep $(( first_limit > 60 ? first_limit - 40 : 20 )); pkill -USR1 -f -- "^[^ ]*python[^ ]* -m pytest --fla-child=" ; sleep 5
       for d in "${TMPDIR:-/tmp}"/fla-child-*/; do
         [ -f "$d/stderr" ] && { echo "== $d"; grep -A40 "Thread 0x\|Current thread" "$d/stderr" | tail -n 60; }
       done; } > "$LOGS/children_stacks.log" 2>&1 & stacks_log=$!

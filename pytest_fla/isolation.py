@@ -50,6 +50,10 @@ class ItemOutcome:
     # Wall seconds of the child processes that ran this test (its share of a batch's child):
     # start-up included, which is most of an isolated run's cost.
     process_seconds: float = 0.0
+    stalls: list = field(default_factory=list)  # where its child waited, each time it stalled
+    # Finished in a child that was then killed for a stall: its own part of the output is
+    # whole, though the output as a whole ends without the tool's summary.
+    cut_after: bool = False
 
     def triton_launches(self) -> int | None:
         """How many Triton kernels the test launched (None if not counted)."""
@@ -116,15 +120,20 @@ def installed_with_bytecode(package: str) -> bool:
     return os.path.exists(importlib.util.cache_from_source(spec.origin))
 
 
-def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None = None) -> dict:
+def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None = None,
+              stall_seconds: float | None = None) -> dict:
     """Run ``items`` in child processes; returns nodeid -> ItemOutcome, in order.
 
-    ``wrapper`` prefixes the command (compute-sanitizer); ``env`` adds variables.
+    ``wrapper`` prefixes the command (compute-sanitizer); ``env`` adds variables. With
+    ``stall_seconds``, a child that makes no progress that long is killed
+    (``pytest_fla.stall``) and the test it stopped at runs once more in a fresh child; a
+    second stall fails it, with where the processes waited.
     """
     outcomes = {item.nodeid: ItemOutcome() for item in items}
     remaining = [item.nodeid for item in items]
     by_id = {item.nodeid: item for item in items}
     child_env = dict(os.environ, **bytecode_cache(os.environ), **(env or {}))
+    stalled_once: set[str] = set()
     while remaining:
         with tempfile.TemporaryDirectory(prefix="fla-child-") as tmp:
             results_dir = Path(tmp)
@@ -133,7 +142,8 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
             command = (wrapper or []) + child_command(config, results_dir, paths)
             with open(results_dir / "stdout", "w+b") as out, open(results_dir / "stderr", "w+b") as err:
                 start = time.monotonic()
-                code = subprocess.call(command, stdout=out, stderr=err, env=child_env, cwd=config.invocation_params.dir)
+                code, stall = _run_child(command, out, err, child_env, config.invocation_params.dir,
+                                         results_dir / "results.jsonl", stall_seconds)
                 share = (time.monotonic() - start) / len(remaining)
                 out.seek(0)
                 err.seek(0)
@@ -154,6 +164,20 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
         if not unfinished:
             break
         culprit = next((n for n in began if n not in finished), None)
+        if stall:
+            for nodeid in finished & set(remaining):
+                outcomes[nodeid].cut_after = True
+            stopped_at = culprit or unfinished[0]
+            outcomes[stopped_at].stalls.append(stall)
+            if stopped_at not in stalled_once:
+                stalled_once.add(stopped_at)
+                remaining = unfinished[unfinished.index(stopped_at):]
+                continue
+            outcomes[stopped_at].died = f"the test process stalled twice ({stall_seconds:.0f} s without progress)"
+            outcomes[stopped_at].stderr_tail = "\n\n".join(outcomes[stopped_at].stalls) + "\n" + _tail(
+                _since_mark(stderr, stopped_at))
+            remaining = unfinished[unfinished.index(stopped_at) + 1:]
+            continue
         if culprit is None:
             if code == EXIT_DEVICE_FAULT and began:
                 remaining = unfinished
@@ -167,6 +191,23 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
         outcomes[culprit].stderr_tail = _tail(_since_mark(stderr, culprit))
         remaining = unfinished[unfinished.index(culprit) + 1 :]
     return outcomes
+
+
+def _run_child(command, out, err, env, cwd, progress: Path, stall_seconds: float | None) -> tuple[int, str | None]:
+    """(exit code, None) once the child exits; (its code after the kill, where it waited)
+    when it stalled."""
+    if not stall_seconds:
+        return subprocess.call(command, stdout=out, stderr=err, env=env, cwd=cwd), None
+    from . import stall
+
+    # a session of its own, so that a stall kills the tool and the test process together
+    process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+    try:
+        found = stall.wait(process, progress, stall_seconds, python_marker="--fla-child=")
+    except BaseException:  # interrupted (the run's limit): the child goes with the parent
+        stall.kill(process)
+        raise
+    return process.returncode, found
 
 
 def _read_events(path: Path) -> list[dict]:

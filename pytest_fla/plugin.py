@@ -88,6 +88,15 @@ def pytest_addoption(parser):
         "large_memory checks, under the tool too (by default they are skipped: they cannot shrink "
         "to small shapes, and their plain run holds the GPU alone)",
     )
+    group.addoption(
+        "--fla-sanitizer-stall",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="under --fla-sanitizer, a child under the tool that uses under a CPU second and starts "
+        "or ends no test for this long is killed, with where its processes waited, and its test "
+        "runs once more; a second stall fails it (0: wait for ever; default 120)",
+    )
     group.addoption("--fla-blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1: faults show at their launch")
     group.addoption(
         "--fla-isolate",

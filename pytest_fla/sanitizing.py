@@ -126,7 +126,7 @@ def _placed(tool: str, items, outcomes) -> dict | None:
         whole = wholes.setdefault(stdout, sanitizer.parse(tool, stdout))
         own = sanitizer.parse(tool, test_output(stdout, item.nodeid) or "").findings
         placed[stdout] = placed.get(stdout, 0) + len(own)
-        summary = len(own) if whole.summary is not None else None
+        summary = len(own) if whole.summary is not None or outcomes[item.nodeid].cut_after else None
         found[item] = _verdict(tool, outcomes[item.nodeid], sanitizer.SanitizerResult(tool, own, summary, whole.untouched))
     for stdout, whole in wholes.items():
         if len(whole.findings) != placed[stdout] or (whole.summary or 0) > len(whole.findings):
@@ -135,15 +135,20 @@ def _placed(tool: str, items, outcomes) -> dict | None:
 
 
 def _run(config, items, tool: str) -> dict:
-    return run_batch(config, items, wrapper=sanitizer.command(tool), env=sanitizer.environment())
+    return run_batch(config, items, wrapper=sanitizer.command(tool), env=sanitizer.environment(),
+                     stall_seconds=config.option.fla_sanitizer_stall or None)
 
 
 def _verdict(tool: str, outcome: ItemOutcome, found: sanitizer.SanitizerResult | None = None) -> tuple[str | None, str]:
     found = found or sanitizer.parse(tool, outcome.stdout)
+    text = found.describe()
+    if outcome.stalls and not outcome.died:
+        text += (f"\n(its first run under the tool stalled and was killed; it ran again:"
+                 f" {outcome.stalls[0]})")
     if outcome.died:
-        return f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}", found.describe()
+        return f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}", text
     if not found.clean:
-        return found.describe(), found.describe()
+        return found.describe(), text
     if not passed(outcome):
-        return f"under compute-sanitizer {tool} the test did not pass", found.describe()
-    return None, found.describe()
+        return f"under compute-sanitizer {tool} the test did not pass", text
+    return None, text

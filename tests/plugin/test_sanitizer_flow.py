@@ -361,3 +361,56 @@ def test_one_test_per_op_checks_share_a_child_across_ops(pytester, monkeypatch):
     assert len(log.read_text().splitlines()) == 3
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == sorted(["test_clean"] + [f"test_huge_grid[{op}]" for op in ("alpha", "beta", "beta", "gamma")])
+
+
+STALL_PROJECT = KERNEL_AND_CLEAN_TEST + """
+import time
+
+
+def stall_under_tool(name, first_run_only):
+    # what the GPU machine's children did under the tool: stop at a test, no CPU, no output
+    marker = os.environ["FAKE_SANITIZER_LOG"] + "." + name + ".stalled"
+    if under_tool(name) and not (first_run_only and os.path.exists(marker)):
+        open(marker, "w").close()
+        time.sleep(120)
+
+def test_a_before():
+    launch()
+    under_tool("test_a_before")
+
+def test_b_stalls_once():
+    launch()
+    stall_under_tool("test_b_stalls_once", first_run_only=True)
+
+def test_c_stalls_always():
+    launch()
+    stall_under_tool("test_c_stalls_always", first_run_only=False)
+
+def test_d_after():
+    launch()
+    under_tool("test_d_after")
+"""
+
+
+def test_a_stalled_child_is_killed_and_its_test_runs_again(pytester, monkeypatch):
+    """A child under the tool that stops making progress costs the run only the stall
+    limit: it is killed with where it waited, its test runs once more in a fresh child (and
+    passes if it then finishes), a second stall fails it; the tests around it keep their
+    own verdicts."""
+    _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=STALL_PROJECT)
+    result = run(pytester, *MODULE_BATCHES, "-rA", "--fla-sanitizer-stall=3")
+    result.assert_outcomes(passed=4, failed=1)
+    out = result.stdout.str()
+    assert "FAILED test_kernels.py::test_c_stalls_always" in out
+    assert "under compute-sanitizer memcheck: the test process stalled twice (3 s without progress)" in out
+    for name in ("test_a_before", "test_b_stalls_once", "test_d_after"):
+        assert f"PASSED test_kernels.py::{name}" in out
+    assert "its first run under the tool stalled and was killed; it ran again" in out
+    # where the processes waited: the tool's and the test process's state, Python stacks
+    assert re.search(r"pid \d+ state S wchan \S+ threads \[[^]]*\]: \S*python\S* -m pytest --fla-child=", out)
+    assert "in stall_under_tool" in out
+    under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
+    # one batch run cut at b, b's re-run cut at c, c's re-run, then d on its own
+    assert sorted(under_tool) == sorted(["test_clean", "test_a_before", "test_b_stalls_once", "test_b_stalls_once",
+                                         "test_c_stalls_always", "test_c_stalls_always", "test_d_after"])

@@ -1,0 +1,157 @@
+"""Waiting for a child process that may stop making progress, and saying where it stopped.
+
+On the GPU machine, children under compute-sanitizer sometimes stop at a test and stay
+there: no new test, no CPU, no GPU, for minutes, until the run's limit (the 2026-11
+memcheck runs in benchmarks/results/README.md). When some of them were killed, the others
+went on. A wait like that fails no check by itself; it only eats the run's time. So the
+parent watches its child: a tree of processes that has used under ``CPU_FLOOR`` seconds of
+CPU and written nothing to its results file for ``seconds`` is stalled. The parent then
+records where each process of the tree waits (its state, kernel wait channel and stack, and
+the Python stacks the child writes on SIGUSR1), kills the tree, and the batch goes on
+(``isolation.run_batch`` runs the stalled test once more before it fails it).
+
+Linux only: the CPU time comes from ``/proc``. Elsewhere ``wait`` only waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+POLL_SECONDS = 2.0
+CPU_FLOOR = 1.0  # CPU seconds of the whole tree within the window that count as progress
+PROC = Path("/proc")
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces
+    return [str(pid), text[text.index("(") + 1 : text.rindex(")")]] + text[text.rindex(")") + 2 :].split()
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and every process descended from it."""
+    parents: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields:
+                parents.setdefault(int(fields[3]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += parents.get(pid, [])
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User plus system CPU seconds of ``pids`` (those still there)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields:
+            total += int(fields[13]) + int(fields[14])
+    return total / ticks
+
+
+def where(pids: list[int]) -> str:
+    """Each process's command, state, kernel wait channel and kernel stack (where readable)."""
+    lines = []
+    for pid in pids:
+        fields = _stat(pid)
+        if not fields:
+            continue
+        base = PROC / str(pid)
+        try:
+            command = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            command = fields[1]
+        wchan = _read(base / "wchan") or "?"
+        states: dict[str, int] = {}
+        for task in (base / "task").glob("*"):
+            try:
+                text = (task / "stat").read_text()
+                state = text[text.rindex(")") + 2]
+            except (OSError, ValueError, IndexError):
+                continue
+            states[state] = states.get(state, 0) + 1
+        threads = " ".join(f"{n} {s}" for s, n in sorted(states.items()))
+        lines.append(f"pid {pid} state {fields[2]} wchan {wchan} threads [{threads}]: {command[:300]}")
+        stack = _read(base / "stack")
+        if stack:
+            lines += ["    " + line for line in stack.splitlines()[:12]]
+    return "\n".join(lines)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def wait(process: subprocess.Popen, progress: Path, seconds: float | None, python_marker: str = "") -> str | None:
+    """Wait for ``process`` (started in a session of its own). None once it exits; if it
+    stalls for ``seconds`` (see the module), kill its tree and return where it waited.
+    The Python processes of the tree run as ``python -m pytest`` with an argument that
+    starts with ``python_marker`` are asked for their stacks (SIGUSR1) first; not the
+    wrapper whose command line holds theirs (compute-sanitizer dies of that signal)."""
+    if not seconds or not PROC.is_dir():
+        process.wait()
+        return None
+    mark_time, mark_cpu, mark_size = time.monotonic(), -1.0, -1
+    while True:
+        try:
+            process.wait(timeout=POLL_SECONDS)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        pids = tree(process.pid)
+        cpu = cpu_seconds(pids)
+        size = progress.stat().st_size if progress.exists() else 0
+        if size != mark_size or cpu - mark_cpu >= CPU_FLOOR:
+            mark_time, mark_cpu, mark_size = now, cpu, size
+            continue
+        if now - mark_time < seconds:
+            continue
+        for pid in pids:
+            argv = _argv(pid)
+            if python_marker and argv[1:3] == ["-m", "pytest"] and any(a.startswith(python_marker) for a in argv):
+                _signal(pid, signal.SIGUSR1)
+        time.sleep(POLL_SECONDS)  # the stacks reach the child's stderr
+        found = where(pids)
+        kill(process)
+        return (f"no progress for {seconds:.0f} s (under {CPU_FLOOR:.0f} CPU second in the tree, no test "
+                f"event): killed. Where its processes waited:\n{found}")
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _signal(pid: int, sig) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def kill(process: subprocess.Popen) -> None:
+    """SIGKILL ``process``'s session (it was started with one of its own), then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:
+        process.kill()
+    process.wait()
