@@ -44,7 +44,16 @@ def executable() -> str | None:
 LEAN_OPTIONS = {
     "--target-processes": ("application-only", TOOLS),
     "--check-device-heap": ("no", ("memcheck",)),
+    # The tool waits 10 s (one tracked process) for the program to connect, which it does at
+    # its first CUDA call: after importing torch and collecting the tests, well past 10 s on
+    # a machine whose cores are all busy. The tool then gives up ("No attachable process
+    # found ... Awaiting target completion") and the program, connecting later, waits for
+    # ever at that first call: the stalls of the GPU runs (benchmarks/results/README.md).
+    # Wait as long as the program takes.
+    "--launch-timeout": ("0", TOOLS),
 }
+# What the tool prints when it gave up waiting for the program to connect.
+GAVE_UP = "No attachable process found"
 
 
 @functools.lru_cache(maxsize=None)
@@ -176,12 +185,16 @@ class SanitizerResult:
     findings: list[Finding]
     summary: int | None  # the tool's own error count; None if it never printed one
     untouched: bool = False  # the program made no CUDA call: nothing ran on the device
+    gave_up: bool = False  # the tool stopped waiting for the program to connect
 
     @property
     def clean(self) -> bool:
         return not self.findings and (self.summary == 0 or (self.summary is None and self.untouched))
 
     def describe(self) -> str:
+        if self.gave_up and self.summary is None:
+            return (f"compute-sanitizer {self.tool} gave up waiting for the program to connect "
+                    "(--launch-timeout): nothing was checked")
         if self.untouched and self.summary is None:
             return f"compute-sanitizer {self.tool}: the program made no CUDA call (nothing ran on the device)"
         if self.summary is None:
@@ -194,9 +207,12 @@ def parse(tool: str, output: str) -> SanitizerResult:
     """Read the ``========= `` lines of compute-sanitizer's output into findings."""
     findings: list[Finding] = []
     summary = None
-    untouched = False
+    untouched = gave_up = False
     current: list[str] | None = None
     for raw in output.splitlines():
+        if GAVE_UP in raw or "--launch-timeout" in raw:  # the message and its second line
+            gave_up, current = True, None
+            continue
         if not raw.startswith(PREFIX.rstrip()):
             continue
         line = raw[len(PREFIX) :] if raw.startswith(PREFIX) else ""
@@ -214,4 +230,4 @@ def parse(tool: str, output: str) -> SanitizerResult:
         else:
             current = [line.strip()]
             findings.append(Finding(current))
-    return SanitizerResult(tool, findings, summary, untouched)
+    return SanitizerResult(tool, findings, summary, untouched, gave_up)

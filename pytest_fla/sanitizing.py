@@ -127,7 +127,8 @@ def _placed(tool: str, items, outcomes) -> dict | None:
         own = sanitizer.parse(tool, test_output(stdout, item.nodeid) or "").findings
         placed[stdout] = placed.get(stdout, 0) + len(own)
         summary = len(own) if whole.summary is not None or outcomes[item.nodeid].cut_after else None
-        found[item] = _verdict(tool, outcomes[item.nodeid], sanitizer.SanitizerResult(tool, own, summary, whole.untouched))
+        own_result = sanitizer.SanitizerResult(tool, own, summary, whole.untouched, whole.gave_up)
+        found[item] = _verdict(tool, outcomes[item.nodeid], own_result)
     for stdout, whole in wholes.items():
         if len(whole.findings) != placed[stdout] or (whole.summary or 0) > len(whole.findings):
             return None
@@ -146,7 +147,8 @@ def _verdict(tool: str, outcome: ItemOutcome, found: sanitizer.SanitizerResult |
         text += (f"\n(its first run under the tool stalled and was killed; it ran again:"
                  f" {outcome.stalls[0]})")
     if outcome.died:
-        return f"under compute-sanitizer {tool}: {outcome.died}\n{outcome.stderr_tail}", text
+        gave_up = found.describe() + "\n" if found.gave_up else ""
+        return f"under compute-sanitizer {tool}: {outcome.died}\n{gave_up}{outcome.stderr_tail}", text
     if not found.clean:
         return found.describe(), text
     if not passed(outcome):

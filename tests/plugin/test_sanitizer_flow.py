@@ -23,6 +23,7 @@ if args == ["--help"]:
     print("  --check-device-heap arg   yes or no")
     print("  --max-connections arg (=10)   Maximum number of ports for connecting to target application")
     print("  --port arg (=49152)           Base port for connecting to target application")
+    print("  --launch-timeout arg          Timeout in seconds to wait to connect to the target process.")
     sys.exit(0)
 tool, options = None, []
 while args and args[0].startswith("--"):  # every option the plugin passes takes a value
@@ -310,6 +311,7 @@ def test_a_batch_report_lands_on_the_test_that_was_running(pytester, monkeypatch
     assert set((pytester.path / "sanitizer.log.shapes").read_text().split()) == {"1"}
     options = (pytester.path / "sanitizer.log.options").read_text().splitlines()[0]
     assert "--target-processes application-only" in options and "--check-device-heap no" in options
+    assert "--launch-timeout 0" in options  # the tool waits for a program slow to start
 
 
 def test_batches_under_xdist_run_whole_in_one_worker(pytester, monkeypatch):

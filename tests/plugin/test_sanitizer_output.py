@@ -33,6 +33,14 @@ CUT_SHORT = """\
 half of a program's output
 """
 
+# What compute-sanitizer 2025.2 prints when the program has not connected within
+# --launch-timeout (its own text, from the tool's binary); the program then waits for ever.
+GAVE_UP = """\
+========= COMPUTE-SANITIZER
+========= Error: No attachable process found. compute-sanitizer timed-out.
+========= Default timeout can be adjusted with --launch-timeout. Awaiting target completion.
+"""
+
 
 def test_a_clean_run():
     result = sanitizer.parse("memcheck", CLEAN)
@@ -77,3 +85,9 @@ def test_each_xdist_worker_gets_ports_of_its_own():
     blocks = (65536 - 49152) // 32
     assert sanitizer.port_range(f"gw{blocks}", offset=0) == (49152, 32)  # wraps inside the range
 
+
+
+def test_a_tool_that_gave_up_waiting_is_not_clean_and_says_why():
+    result = sanitizer.parse("memcheck", GAVE_UP)
+    assert result.gave_up and not result.clean and not result.findings
+    assert "gave up waiting for the program to connect (--launch-timeout): nothing was checked" in result.describe()
