@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import compile_check, compile_lock, distribute, interpreter, poison, registry, repro, sanitizer, targets, toolchain
+from . import compile_check, distribute, interpreter, poison, registry, repro, sanitizer, targets, toolchain
 from . import report as run_report
 from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
@@ -252,9 +252,6 @@ def pytest_report_header(config):
                      "a report lands on the test that was running)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
-    if any(t.mode != targets.INTERPRETER for t in state.targets) and compile_lock.wanted():
-        lines.append("fla compile lock: a kernel two processes need at once is compiled once "
-                     f"(pytest_fla/compile_lock.py; {compile_lock.OFF_ENV}=0 turns it off)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
                      f"(pytest_fla/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
@@ -329,13 +326,6 @@ def pytest_pycollect_makemodule(module_path, parent):
 def _compile_arch(item) -> str | None:
     marker = item.get_closest_marker("fla_compile")
     return marker.args[0] if marker and marker.args else None
-
-
-def pytest_collection_finish(session):
-    # After collection, which imported the kernels (and so Triton) under this process's
-    # target environment; importing Triton earlier could precede it.
-    if not is_interpreter() and "triton" in sys.modules:
-        compile_lock.install()
 
 
 def pytest_collection_modifyitems(config, items):
