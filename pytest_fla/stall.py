@@ -1,14 +1,16 @@
 """Waiting for a child process that may stop making progress, and saying where it stopped.
 
-On the GPU machine, children under compute-sanitizer sometimes stop at a test and stay
-there: no new test, no CPU, no GPU, for minutes, until the run's limit (the 2026-11
-memcheck runs in benchmarks/results/README.md). When some of them were killed, the others
-went on. A wait like that fails no check by itself; it only eats the run's time. So the
-parent watches its child: a tree of processes that has used under ``CPU_FLOOR`` seconds of
-CPU and written nothing to its results file for ``seconds`` is stalled. The parent then
-records where each process of the tree waits (its state, kernel wait channel and stack, and
-the Python stacks the child writes on SIGUSR1), kills the tree, and the batch goes on
-(``isolation.run_batch`` runs the stalled test once more before it fails it).
+On the GPU machine, children under compute-sanitizer stopped at a test and stayed there:
+no new test, no CPU, no GPU, for minutes, until the run's limit (the 2026-11 memcheck runs
+in benchmarks/results/README.md). This watch found where they waited (at their first CUDA
+call, for a tool that had given up on them: ``sanitizer.LEAN_OPTIONS``' ``--launch-timeout``
+removed that), and stays as the guard against the next wait of its kind, which would fail
+no check by itself and only eat the run's time. The parent watches its child: a tree of
+processes that has used under ``CPU_FLOOR`` seconds of CPU and written nothing to its
+results file for ``seconds`` is stalled. The parent then records where each process of the
+tree waits (its state, kernel wait channel and stack, and the Python stacks the child
+writes on SIGUSR1), kills the tree, and the batch goes on (``isolation.run_batch`` runs the
+stalled test once more before it fails it).
 
 Linux only: the CPU time comes from ``/proc``. Elsewhere ``wait`` only waits.
 """
@@ -52,13 +54,14 @@ def tree(root: int) -> list[int]:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User plus system CPU seconds of ``pids`` (those still there)."""
+    """User plus system CPU seconds of ``pids`` (those still there), with their children
+    that have ended and been waited for (a compiler run from the test process)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
     for pid in pids:
         fields = _stat(pid)
         if fields:
-            total += int(fields[13]) + int(fields[14])
+            total += sum(int(value) for value in fields[13:17])  # utime, stime, cutime, cstime
     return total / ticks
 
 
@@ -70,10 +73,7 @@ def where(pids: list[int]) -> str:
         if not fields:
             continue
         base = PROC / str(pid)
-        try:
-            command = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            command = fields[1]
+        command = " ".join(_argv(pid)).strip() or fields[1]
         wchan = _read(base / "wchan") or "?"
         states: dict[str, int] = {}
         for task in (base / "task").glob("*"):
