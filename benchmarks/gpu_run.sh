@@ -161,8 +161,6 @@ case "$part" in
     # cut leaves nothing in the report): its age, tests begun, the last one, its output's end
     while sleep 60; do
       echo "== $(date +%T)"
-      # the TCP ports compute-sanitizer and its programs meet on (pytest_fla/sanitizer.py), by state
-      echo "sanitizer ports: $(ss -Htan 'sport >= :49152' 2>/dev/null | awk '{print $1}' | sort | uniq -c | tr -s ' \n' ' ')"
       for d in "${TMPDIR:-/tmp}"/fla-child-*/; do
         [ -f "$d/items.txt" ] || continue
         printf '%s age %ss, %s of %s tests begun, last: %s\n' "$d" $(( $(date +%s) - $(stat -c %Y "$d/items.txt") )) \
