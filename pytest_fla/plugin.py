@@ -213,6 +213,9 @@ def pytest_configure(config):
             raise pytest.UsageError(str(error)) from None
         if sanitizer.executable() is None:
             raise pytest.UsageError("--fla-sanitizer: compute-sanitizer is not on the PATH")
+    if config.option.fla_sanitizer_stall < 0:
+        raise pytest.UsageError(f"--fla-sanitizer-stall: {config.option.fla_sanitizer_stall:g} seconds; "
+                                "give 0 (wait for ever) or more")
     state.isolate = config.option.fla_isolate or ("batch" if state.tools else "none")
     if role == "child":
         state.isolate = "none"

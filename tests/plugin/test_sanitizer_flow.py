@@ -416,3 +416,11 @@ def test_a_stalled_child_is_killed_and_its_test_runs_again(pytester, monkeypatch
     # one batch run cut at b, b's re-run cut at c, c's re-run, then d on its own
     assert sorted(under_tool) == sorted(["test_clean", "test_a_before", "test_b_stalls_once", "test_b_stalls_once",
                                          "test_c_stalls_always", "test_c_stalls_always", "test_d_after"])
+
+
+def test_a_negative_stall_limit_is_a_usage_error(pytester, monkeypatch):
+    _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=KERNEL_AND_CLEAN_TEST)
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "--fla-sanitizer-stall=-5")
+    assert result.ret == 4  # pytest's usage error
+    assert "--fla-sanitizer-stall: -5 seconds; give 0 (wait for ever) or more" in result.stderr.str()
