@@ -1,0 +1,118 @@
+"""Which kernels a GPU conformance run compiles, and how many of them the compile checks
+(``tests/test_compile.py``) compile too: offline, no GPU needed.
+
+    FLA_TARGET_ARCH=sm90 python benchmarks/launch_coverage.py [--ops chunk_kda,gated_delta_net] [--arch 90]
+
+A cold GPU run spends most of its time compiling (benchmarks/results/README.md, 2026-11-26).
+On a native GPU the compile checks write to the numeric checks' Triton cache, so run first
+they would warm it, for the kernels whose compile identity (kernel, specialised signature,
+constexprs, attributes, options: ``capture.Launch.key``) both sides share. Each op runs on
+CPU tensors under launch capture (``pytest_fla.capture``), at the GPU sizes of its cases
+(``Case.gpu_dims``): the forward and backward checks' cases in bf16 and fp32, and the
+varlen check's packings (both index types, the packed run and each sequence alone); against
+the compile checks' compile cases. Printed per op: the distinct compiles of each side and
+how many of the run's the compile checks cover.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DTYPES = ("bf16", "fp32")
+
+
+def _capture(spec, arch: int, samples, backward: bool) -> set:
+    """The compile identities of the launches of running ``spec`` on each sample (and its
+    backward where asked)."""
+    import torch
+
+    from pytest_fla.capture import capture_launches
+    from pytest_fla.checks import cotangents, differentiable
+
+    keys = set()
+    with capture_launches(arch) as recorder:
+        for sample in samples:
+            if not backward:
+                with torch.no_grad():
+                    spec.call(sample)
+                continue
+            kwargs = dict(sample.kwargs)
+            names = differentiable(spec, sample)
+            kwargs.update({n: kwargs[n].detach().requires_grad_(True) for n in names})
+            outputs = [o for o in spec.call(type(sample)(kwargs)) if o is not None and o.requires_grad]
+            if outputs:
+                torch.autograd.backward(outputs, cotangents(outputs, 0))
+    for launch in recorder.launches:
+        keys.add(launch.key()[1:] + (launch.name,))  # not id(kernel): the name says which
+    return keys
+
+
+def _gpu_case(case):
+    return dataclasses.replace(case, dims=dict(case.gpu_dims or case.dims), gpu_dims=None)
+
+
+def run_launches(spec, arch: int) -> set:
+    """What the GPU run's forward, backward and varlen checks compile."""
+    from pytest_fla.checks import sequence_slice
+    from pytest_fla.packings import packings
+    from pytest_fla.spec import Sample
+
+    keys = set()
+    for dtype in DTYPES:
+        for case in spec.cases:
+            if case.checks is not None and not {"forward", "backward"} & set(case.checks):
+                continue
+            sample = spec.sample(_gpu_case(case), dtype, "cpu")
+            keys |= _capture(spec, arch, [sample], backward=bool(spec.grads))
+        if not spec.varlen:
+            continue
+        for packing in packings(spec.chunk_size or 16):
+            sample = spec.sample(_gpu_case(spec.cases[0]), dtype, "cpu", lengths=packing.lengths)
+            sample.kwargs["cu_seqlens"] = sample.kwargs["cu_seqlens"].to(packing.index_dtype)
+            keys |= _capture(spec, arch, [sample], backward=bool(spec.grads))
+            offsets = sample.kwargs["cu_seqlens"].tolist()
+            alone = [Sample(sequence_slice(spec, sample.kwargs, offsets[n], offsets[n + 1], n))
+                     for n in range(len(offsets) - 1) if offsets[n + 1] > offsets[n]]
+            keys |= _capture(spec, arch, alone, backward=False)
+    return keys
+
+
+def compile_check_launches(spec, arch: int) -> set:
+    """What the compile checks compile (every distinct launch of the compile cases)."""
+    keys = set()
+    for case in spec.compile_cases:
+        for dtype in DTYPES:
+            sample = spec.sample(case, dtype, "cpu")
+            keys |= _capture(spec, arch, [sample], backward=bool(spec.grads))
+    return keys
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default="chunk_kda,gated_delta_net")
+    parser.add_argument("--arch", type=int, default=90)
+    args = parser.parse_args()
+    from pytest_fla.specs import all_specs
+
+    specs = {s.name: s for s in all_specs()}
+    print("| op | the run compiles | the compile checks compile | of the run's, covered |")
+    print("|---|---|---|---|")
+    totals = [0, 0, 0]
+    for name in args.ops.split(","):
+        spec = specs[name]
+        run, warm = run_launches(spec, args.arch), compile_check_launches(spec, args.arch)
+        kernels = sorted({k[-1] for k in run - warm})
+        print(f"| {name} | {len(run)} | {len(warm)} | {len(run & warm)} ({100 * len(run & warm) // max(len(run), 1)}%) |")
+        print(f"  {name}: not covered, by kernel: {', '.join(kernels)}", file=sys.stderr)
+        totals = [t + n for t, n in zip(totals, (len(run), len(warm), len(run & warm)))]
+    print(f"| all | {totals[0]} | {totals[1]} | {totals[2]} ({100 * totals[2] // max(totals[0], 1)}%) |")
+
+
+if __name__ == "__main__":
+    main()
