@@ -27,34 +27,36 @@ sys.path.insert(0, ROOT)
 DTYPES = ("bf16", "fp32")
 
 
+def _keys(launches) -> set:
+    """Compile identities: ``Launch.key`` less the kernel's id, with its name instead."""
+    return {launch.key()[1:] + (launch.name,) for launch in launches}
+
+
 def _capture(spec, arch: int, samples, backward: bool) -> set:
-    """The compile identities of the launches of running ``spec`` on each sample (and its
-    backward where asked)."""
+    """What running ``spec`` on each sample launches: the forward as the forward and varlen
+    checks run it (no autograd), or with ``backward`` as the backward check does
+    (``checks.run_with_grads``: the forward with gradients, then the backward)."""
     import torch
 
     from pytest_fla.capture import capture_launches
-    from pytest_fla.checks import cotangents, differentiable
+    from pytest_fla.checks import differentiable, run_with_grads
 
-    keys = set()
     with capture_launches(arch) as recorder:
         for sample in samples:
-            if not backward:
+            if backward:
+                run_with_grads(spec.op_fn, sample, differentiable(spec, sample))
+            else:
                 with torch.no_grad():
                     spec.call(sample)
-                continue
-            kwargs = dict(sample.kwargs)
-            names = differentiable(spec, sample)
-            kwargs.update({n: kwargs[n].detach().requires_grad_(True) for n in names})
-            outputs = [o for o in spec.call(type(sample)(kwargs)) if o is not None and o.requires_grad]
-            if outputs:
-                torch.autograd.backward(outputs, cotangents(outputs, 0))
-    for launch in recorder.launches:
-        keys.add(launch.key()[1:] + (launch.name,))  # not id(kernel): the name says which
-    return keys
+    return _keys(recorder.launches)
 
 
 def _gpu_case(case):
     return dataclasses.replace(case, dims=dict(case.gpu_dims or case.dims), gpu_dims=None)
+
+
+def _runs(case, check: str) -> bool:
+    return case.checks is None or check in case.checks
 
 
 def run_launches(spec, arch: int) -> set:
@@ -66,10 +68,11 @@ def run_launches(spec, arch: int) -> set:
     keys = set()
     for dtype in DTYPES:
         for case in spec.cases:
-            if case.checks is not None and not {"forward", "backward"} & set(case.checks):
-                continue
             sample = spec.sample(_gpu_case(case), dtype, "cpu")
-            keys |= _capture(spec, arch, [sample], backward=bool(spec.grads))
+            if _runs(case, "forward"):
+                keys |= _capture(spec, arch, [sample], backward=False)
+            if spec.grads and _runs(case, "backward"):
+                keys |= _capture(spec, arch, [sample], backward=True)
         if not spec.varlen:
             continue
         for packing in packings(spec.chunk_size or 16):
@@ -84,13 +87,12 @@ def run_launches(spec, arch: int) -> set:
 
 
 def compile_check_launches(spec, arch: int) -> set:
-    """What the compile checks compile (every distinct launch of the compile cases)."""
-    keys = set()
-    for case in spec.compile_cases:
-        for dtype in DTYPES:
-            sample = spec.sample(case, dtype, "cpu")
-            keys |= _capture(spec, arch, [sample], backward=bool(spec.grads))
-    return keys
+    """What the compile checks compile: ``compile_check.capture_op``'s launches, both
+    directions, in the default scope (every distinct launch)."""
+    from pytest_fla.compile_check import capture_op
+
+    keys = _keys(capture_op(spec, arch, "fwd", DTYPES))
+    return keys | (_keys(capture_op(spec, arch, "bwd", DTYPES)) if spec.grads else set())
 
 
 def main() -> None:

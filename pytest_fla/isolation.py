@@ -165,7 +165,7 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
             break
         culprit = next((n for n in began if n not in finished), None)
         if stall:
-            for nodeid in finished & set(remaining):
+            for nodeid in finished:
                 outcomes[nodeid].cut_after = True
             stopped_at = culprit or unfinished[0]
             outcomes[stopped_at].stalls.append(stall)

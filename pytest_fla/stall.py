@@ -77,12 +77,9 @@ def where(pids: list[int]) -> str:
         wchan = _read(base / "wchan") or "?"
         states: dict[str, int] = {}
         for task in (base / "task").glob("*"):
-            try:
-                text = (task / "stat").read_text()
-                state = text[text.rindex(")") + 2]
-            except (OSError, ValueError, IndexError):
-                continue
-            states[state] = states.get(state, 0) + 1
+            thread = _stat(int(task.name))  # a thread's stat is under /proc/<its id> too
+            if thread:
+                states[thread[2]] = states.get(thread[2], 0) + 1
         threads = " ".join(f"{n} {s}" for s, n in sorted(states.items()))
         lines.append(f"pid {pid} state {fields[2]} wchan {wchan} threads [{threads}]: {command[:300]}")
         stack = _read(base / "stack")
