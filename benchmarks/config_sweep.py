@@ -63,12 +63,15 @@ def _dplr(**over):
     return _replace_configs("kernels.dplr.chunk", "choose_configs", **over)
 
 
-def _recurrent(fwd=None, bwd=None, dq=None):
+def _recurrent(fwd=None, bwd=None, dq=None, split_v=False, rows=None):
     """Override the fused-recurrent configs: (BV, num_warps) forward, backward (both of its
-    passes) and/or the backward's first pass alone (``dq``)."""
+    passes, split by V) and/or the backward's first pass alone (``dq``); ``split_v``: the
+    second pass split by V blocks even under a per-channel gate; ``rows``: (key rows,
+    num_warps) of the second pass split by K."""
     def wrap(base):
-        def configs(K, V, backward, bonus=False):
-            cfg = base(K, V, backward, bonus)
+        def configs(K, V, backward, bonus=False, channel_gate=False):
+            by_v = split_v or bwd is not None
+            cfg = base(K, V, backward, bonus, channel_gate=channel_gate and not by_v)
             pick = bwd if backward else fwd
             if pick is not None:
                 cfg = {**cfg, "BV": pick[0], "num_warps": pick[1]}
@@ -76,6 +79,8 @@ def _recurrent(fwd=None, bwd=None, dq=None):
                     cfg.update(dq_BV=pick[0], dq_warps=pick[1])
             if backward and dq is not None:
                 cfg = {**cfg, "dq_BV": dq[0], "dq_warps": dq[1]}
+            if backward and rows is not None and cfg.get("split") == "K":
+                cfg = {**cfg, "rows_BK": rows[0], "num_warps": rows[1]}
             return cfg
         return configs
     return ("kernels.gated_recurrent.fused_recurrent", "_configs", wrap)
@@ -122,7 +127,9 @@ VARIANTS = {
         "fwd BV 32, 2 warps": _recurrent(fwd=(32, 2)),
         "fwd BV 32, 4 warps": _recurrent(fwd=(32, 4)),
         "fwd BV 64, 8 warps": _recurrent(fwd=(64, 8)),
-        "bwd BV 32, 8 warps (before)": _recurrent(bwd=(32, 8)),
+        "bwd split V, BV 16, 2 warps (before)": _recurrent(split_v=True),
+        "bwd split K, 32 rows, 4 warps": _recurrent(rows=(32, 4)),
+        "bwd BV 32, 8 warps": _recurrent(bwd=(32, 8)),
         "bwd BV 16, 2 warps": _recurrent(bwd=(16, 2)),
         "bwd BV 16, 4 warps": _recurrent(bwd=(16, 4)),
         "bwd BV 32, 4 warps": _recurrent(bwd=(32, 4)),
@@ -181,7 +188,10 @@ VARIANTS["chunk_dplr_delta_rule"] = {
 }
 VARIANTS["fused_recurrent_rwkv6"] = {
     "default": [],
-    "bwd BV 16, 2 warps (before)": _recurrent(bwd=(16, 2)),
+    "bwd split V, BV 32, 4 warps (before)": _recurrent(split_v=True),
+    "bwd split K, 16 rows, 2 warps": _recurrent(rows=(16, 2)),
+    "bwd split K, 64 rows, 8 warps": _recurrent(rows=(64, 8)),
+    "bwd BV 16, 2 warps": _recurrent(bwd=(16, 2)),
     "bwd BV 32, 8 warps": _recurrent(bwd=(32, 8)),
     "bwd BV 64, 4 warps": _recurrent(bwd=(64, 4)),
     "fwd BV 64, 4 warps (before)": _recurrent(fwd=(64, 4)),

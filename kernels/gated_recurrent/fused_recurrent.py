@@ -81,21 +81,27 @@ from .inputs import check_gated_inputs, retention_gamma
 
 @triton.jit
 def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """This program's (sequence, head, V block): the head, the sequence's span, the state
-    tile's column indices and masks, and the tile's offsets in a [N, H, K, V] state."""
-    NV: tl.constexpr = (V + BV - 1) // BV
+                  BV: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT_K: tl.constexpr):
+    """This program's (sequence, head, block): the block's index, the head, the sequence's
+    span, the state tile's row and column indices and masks, and the tile's offsets in a
+    [N, H, K, V] state. The blocks split V (a tile is all K rows by BV columns) or, with
+    SPLIT_K, K (BK rows by all of V, BV >= V)."""
+    NPART: tl.constexpr = (K + BK - 1) // BK if SPLIT_K else (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
-    i_nh = pid // NV
-    i_v = pid % NV
+    i_nh = pid // NPART
+    i_part = pid % NPART
     i_h = i_nh % H
     bos, T_seq = sequence_bounds(cu_seqlens, i_nh // H, T, IS_VARLEN)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
+    if SPLIT_K:
+        o_k = i_part * BK + tl.arange(0, BK)
+        o_v = tl.arange(0, BV)
+    else:
+        o_k = tl.arange(0, BK)
+        o_v = i_part * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
     tile = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
-    return i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile
+    return i_part, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile
 
 
 @triton.jit
@@ -117,7 +123,7 @@ def fused_recurrent_fwd_kernel(
     The step is written out in the loop rather than in a helper: under the interpreter a
     helper call per step costs milliseconds (the interpreter re-patches on every call).
     """
-    i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN)
+    i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN, False)
     m_kv = m_k[:, None] & m_v[None, :]
     if STORE_CHECKPOINTS:
         slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG,
@@ -247,22 +253,37 @@ def fused_recurrent_bwd_kernel(
     n_rows, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
     USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, BONUS: tl.constexpr,
     GATE_GRAD: tl.constexpr, GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DV_PARTIAL: tl.constexpr,
 ):
     """The backward's second pass (backward in time) for one (sequence, head, V block).
 
-    ``dk_part`` is float32 ``[NV, B*T, H, K]`` (``n_rows = B*T``) and ``dg_part`` float32
-    ``[NV, B*T, H(, K)]``: this block's share of dk and dg. ``checkpoints`` holds the
-    state before each segment (from the first pass), in ``state_slots`` rows. With BONUS,
-    ``du_part`` is float32 ``[N * NV, H * K]``: this program's share of du.
+    Split by V blocks (NV of them): ``dk_part`` is float32 ``[NV, B*T, H, K]`` (``n_rows =
+    B*T``) and ``dg_part`` float32 ``[NV, B*T, H(, K)]``: this block's share of dk and dg.
+    With SPLIT_K (NK blocks of BK key rows, each all of V): dk and a per-channel dg are whole
+    in the program, so both take one slab; dv is the share, in ``dv`` as float32
+    ``[NK, B*T, H, V]`` slabs with DV_PARTIAL (NK > 1). ``checkpoints`` holds the state
+    before each segment (from the first pass), in ``state_slots`` rows. With BONUS,
+    ``du_part`` is float32 ``[N * NV, H * K]`` (``[N, H * K]`` with SPLIT_K): this
+    program's share of du.
     """
     GATED: tl.constexpr = USE_G or USE_G_GAMMA or USE_GK
     GATE_DTYPE: tl.constexpr = tl.float64 if GATE_F64 else tl.float32
-    i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN)
+    NPART: tl.constexpr = (K + BK - 1) // BK if SPLIT_K else (V + BV - 1) // BV
+    i_part, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN,
+                                                                      SPLIT_K)
+    i_n = tl.program_id(0).to(tl.int64) // NPART // H
     m_kv = m_k[:, None] & m_v[None, :]
-    slab = i_v * n_rows * H * K
+    # the slab of dk and a per-channel dg: a V block's share, or (SPLIT_K) the whole
+    if SPLIT_K:
+        slab = i_part * 0
+        du_row = i_n
+    else:
+        slab = i_part * n_rows * H * K
+        du_row = i_n * NPART + i_part
+    if DV_PARTIAL:
+        dv += i_part * n_rows * H * V
     seg_tile = i_h * K * V + o_k[:, None] * V + o_v[None, :]
-    slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG, IS_VARLEN)
+    slot0 = first_state_slot(bos, i_n, T, SEG, IS_VARLEN)
     if USE_G_GAMMA:
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
     if BONUS:
@@ -342,7 +363,7 @@ def fused_recurrent_bwd_kernel(
                 if USE_GK:
                     tl.store(dg_part + slab + row * K + o_k, dg_t, mask=m_kt)
                 else:
-                    tl.store(dg_part + i_v * n_rows * H + row + o_1, tl.zeros([1], tl.float32) + tl.sum(dg_t, 0),
+                    tl.store(dg_part + i_part * n_rows * H + row + o_1, tl.zeros([1], tl.float32) + tl.sum(dg_t, 0),
                              mask=valid)
             if GATED:
                 a = tl.zeros([BK], dtype=tl.float32)
@@ -358,9 +379,7 @@ def fused_recurrent_bwd_kernel(
                 q_next = bq
                 do_next = bdo
     if BONUS:
-        NV: tl.constexpr = (V + BV - 1) // BV
-        i_n = tl.program_id(0).to(tl.int64) // NV // H
-        tl.store(du_part + (i_n * NV + i_v) * H * K + i_h * K + o_k, b_du, mask=m_k)
+        tl.store(du_part + du_row * H * K + i_h * K + o_k, b_du, mask=m_k)
     if STORE_DH0:
         tl.store(dh0 + tile, dS, mask=m_kv)
 
@@ -407,15 +426,29 @@ def fused_recurrent_reduce_kernel(
 SEGMENT = 16
 
 
-def _configs(K: int, V: int, backward: bool, bonus: bool = False) -> dict:
+def _configs(K: int, V: int, backward: bool, bonus: bool = False, channel_gate: bool = False) -> dict:
     """Block sizes: the state tile [BK, BV] in fp32 registers, ~64 registers a thread at
     4 warps in the forward. The backward (both passes) holds the state, its gradient and
     the segment's [BK, SEG] tiles at once: at 8 warps and a 64-wide V block that was ~235
     registers a thread (ptxas, sm90, K = 128), one program per SM, the programs in waves.
     No shared memory beyond Triton's reductions and the one small dot, on every arch.
     ``dq_BV`` and ``dq_warps`` are the backward's first pass (the forward kernel in its dq
-    mode), which holds only the state and may split V its own way."""
+    mode), which holds only the state and may split V its own way.
+
+    ``split`` is how the backward's second pass divides a head's state between programs:
+    "V" (the tile is [BK, BV]) or "K" (``rows_BK`` key rows by all of V). Under a
+    per-channel gate (``channel_gate``: gla, rwkv6) the pass keeps, per key row, the
+    segment's [SEG] gate exponentials and ``Y`` terms, whose ``dS v_s`` sums over all of V:
+    split by V, each of a head's V blocks recomputes them for every key row (Nsight Compute
+    on the H100, rwkv6 at BV 32: 255 registers and spills, 68.5% of cycles without an
+    eligible warp, 20.8 ms). Split by K, each row's are computed once, dk and dg are whole
+    in their program, and dv becomes the per-block share. The tiles keep the V split's
+    size and warps, so the two differ in the axis alone."""
     BK = block_size(K)
+    if backward and channel_gate and block_size(V) <= 128:
+        by_rows = _configs(K, V, backward, bonus)
+        rows_BK = max(16, by_rows["BV"] * by_rows["BK"] // block_size(V))
+        return {**by_rows, "split": "K", "rows_BK": min(rows_BK, BK), "BV": block_size(V)}
     if bonus and BK <= 128:
         # rwkv6 (the bonus u): each step also forms q . (u ⊙ k) and the du partial sums.
         # On the H100 (fused_recurrent_rwkv6, same size; config_sweep.py): backward 28.7 ms
@@ -484,8 +517,13 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     (+ g_gamma, which gets no gradient)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    cfg = _configs(K, V, backward=True, bonus=u is not None)
-    NV, NV_Q = cdiv(V, cfg["BV"]), cdiv(V, cfg["dq_BV"])
+    cfg = _configs(K, V, backward=True, bonus=u is not None, channel_gate=gk is not None)
+    split_k = cfg.get("split") == "K"
+    # the second pass's blocks: NP of them a head; dk and dg come in NV slabs (one with
+    # split_k, whose programs hold whole key rows), dv in NP slabs when split_k
+    tile_BK = cfg["rows_BK"] if split_k else cfg["BK"]
+    NP = cdiv(K, tile_BK) if split_k else cdiv(V, cfg["BV"])
+    NV, NV_Q = (1 if split_k else NP), cdiv(V, cfg["dq_BV"])
     do = do.contiguous()
     if dht is not None:
         dht = dht.contiguous()
@@ -495,7 +533,8 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     dg_part = empty((NV, *gate.shape), torch.float32, q.device) if need_dgate else None
     slots = state_slots(B, T, N, SEGMENT, cu_seqlens is not None)
     checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
-    dv = empty(v.shape, v.dtype, v.device)
+    dv_partial = split_k and NP > 1
+    dv = empty((NP, *v.shape) if dv_partial else v.shape, torch.float32 if dv_partial else v.dtype, v.device)
     dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
     du_part = empty((N * NV, H * K), torch.float32, q.device) if u is not None else None
     gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None)
@@ -505,13 +544,16 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg["dq_warps"], **COMPILE_OPTIONS,
     )
-    fused_recurrent_bwd_kernel[(N * H * NV,)](
+    fused_recurrent_bwd_kernel[(N * H * NP,)](
         q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
         B * T,
-        H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
+        H=H, K=K, V=V, BK=tile_BK, BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
-        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+        IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", SPLIT_K=split_k, DV_PARTIAL=dv_partial,
+        num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
     )
+    if dv_partial:
+        dv = column_sum(dv.view(NP, -1), v.dtype).view(v.shape)
 
     dq, dk = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device)
     dgate = empty(gate.shape, gate.dtype, gate.device) if need_dgate else None
