@@ -12,7 +12,7 @@ the state *before* the token's update, plus the bonus on the current token:
 columns evolve independently, so V is split into blocks of BV across programs (the whole
 K is one block, K <= 256).
 
-Backward, two passes over T, each one program per (sequence, head, V block):
+Backward, two passes over T, each one program per (sequence, head, block of the state):
 
 1. forward in time, recomputing ``S_t`` from the initial state exactly as the forward
    did (only multiplications by ``e^{a} <= 1`` and additions): ``dq_t = scale S_t do_t``;
@@ -43,8 +43,13 @@ the segment's end from one ``tl.dot`` of the carried ``dS`` with the segment's v
 Every exponent is ``<= 0``; for fp32 inputs the segment's cumulative gates are float64
 so that their differences keep full precision under strong decay.
 
-dq, dk and dg get one partial sum per V block (each block sees part of the state); a
-reduction kernel adds them up and casts them.
+The first pass splits the state by V blocks, so dq gets one partial sum per block. The
+second pass splits it by V blocks too under a scalar gate (dk and dg one partial sum per
+block), and by blocks of key rows under a per-channel gate (gla, rwkv6): a row of the
+state evolves on its own, and ``Y`` needs ``dS_t v_s`` over all of V, so a program holding
+whole rows computes each row's ``[SEG]`` exponentials once and its dk and dg whole, and dv
+gets one partial sum per row block (``_configs`` has the measurements). A reduction kernel
+adds the partial sums up (dv's: ``kernels._partials.column_sum``) and casts them.
 
 RWKV-6 (BONUS). Write ``D_t`` for the gradient of the state after step t (what ``dS_t``
 is above). Its output reads ``S_{t-1}``, so ``D_{t-1} = diag(e^{a_t}) D_t + scale r_t do_t^T``:
@@ -54,12 +59,13 @@ adding the token's own ``r do^T``; pass 1 reads ``S_{t-1}`` for ``dr_t``. The ga
 keeps its form with ``D_t`` for ``dS_t``, and ``Y`` steps back with the query one step
 later: ``Y_t[:, s] = Y_{t+1}[:, s] + scale r_{t+1} (do_{t+1} . v_s) e^{B^c_t - B^c_s}``.
 ``du = scale sum_t (do_t . v_t) r_t k_t`` over every token: each program adds its tokens'
-share (its V block of ``do_t . v_t``) into one row of ``[N * NV, H * K]`` partial sums,
-added up in a fixed order (``kernels._partials.column_sum``).
+share (of ``do_t . v_t``: its V block's, or all of it when split by rows) into one row
+of ``[N * NV, H * K]`` partial sums (``NV = 1`` split by rows), added up in a fixed order
+(``kernels._partials.column_sum``).
 
 Launches: forward 1; backward 3 (the first pass is the forward kernel in its dq mode,
-then the second pass, then the reduction), plus rwkv6's du sum. Grid axis 0 carries ``N * H * NV``; nothing
-large goes on axes 1 and 2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats,
+then the second pass, then the reduction), plus dv's sum when split by rows and rwkv6's
+du sum. Grid axis 0 carries ``N * H`` times the blocks; nothing large goes on axes 1 and 2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats,
 allocated only when a gate gradient is wanted.
 """
 
@@ -442,8 +448,8 @@ def _configs(K: int, V: int, backward: bool, bonus: bool = False, channel_gate: 
     split by V, each of a head's V blocks recomputes them for every key row (Nsight Compute
     on the H100, rwkv6 at BV 32: 255 registers and spills, 68.5% of cycles without an
     eligible warp, 20.8 ms). Split by K, each row's are computed once, dk and dg are whole
-    in their program, and dv becomes the per-block share. The tiles keep the V split's
-    size and warps, so the two differ in the axis alone."""
+    in their program, and dv becomes the per-block share. Split by K only where all of V
+    fits a 16-row tile of at most 2048 values (V <= 128)."""
     BK = block_size(K)
     if backward and channel_gate and block_size(V) <= 128:
         # 16 key rows by all of V at 2 warps. On the H100 (B=4 T=4096 H=16 K=V=128 bf16,
