@@ -65,8 +65,9 @@ of ``[N * NV, H * K]`` partial sums (``NV = 1`` split by rows), added up in a fi
 
 Launches: forward 1; backward 3 (the first pass is the forward kernel in its dq mode,
 then the second pass, then the reduction), plus dv's sum when split by rows and rwkv6's
-du sum. Grid axis 0 carries ``N * H`` times the blocks; nothing large goes on axes 1 and 2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats,
-allocated only when a gate gradient is wanted.
+du sum. Grid axis 0 carries ``N * H`` times the blocks; nothing large goes on axes 1 and
+2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats, allocated only when a
+gate gradient is wanted.
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ def fused_recurrent_bwd_kernel(
     GATE_GRAD: tl.constexpr, GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DV_PARTIAL: tl.constexpr,
 ):
-    """The backward's second pass (backward in time) for one (sequence, head, V block).
+    """The backward's second pass (backward in time) for one (sequence, head, block).
 
     Split by V blocks (NV of them): ``dk_part`` is float32 ``[NV, B*T, H, K]`` (``n_rows =
     B*T``) and ``dg_part`` float32 ``[NV, B*T, H(, K)]``: this block's share of dk and dg.
