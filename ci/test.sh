@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$PWD/.venv/bin/python}
-# worksteal: the long plugin tests (real child processes, 10-36 s each) land wherever a
-# worker is free; with xdist's default split one worker was left finishing them alone
-# (526 s against 568 s for the suite, one run each, on 2 cores)
+# worksteal: a worker that runs out of tests takes queued ones from the other, so the long
+# plugin tests (real child processes, 10-36 s each) do not leave one worker finishing
+# alone (the suite 526 s against 568 s with the default split, one run each, 2 cores)
 TRITON_INTERPRET=1 "$PY" -m pytest -n "${FLA_WORKERS:-2}" --dist worksteal -q -p no:randomly "$@"
 PYTHON=$PY bash ci/example.sh
