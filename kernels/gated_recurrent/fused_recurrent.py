@@ -89,16 +89,17 @@ from .inputs import check_gated_inputs, retention_gamma
 @triton.jit
 def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT_K: tl.constexpr):
-    """This program's (sequence, head, block): the block's index, the head, the sequence's
-    span, the state tile's row and column indices and masks, and the tile's offsets in a
-    [N, H, K, V] state. The blocks split V (a tile is all K rows by BV columns) or, with
+    """This program's (sequence, head, block): the block's index, the sequence and the head,
+    the sequence's span, the state tile's row and column indices and masks, and the tile's
+    offsets in a [N, H, K, V] state. The blocks split V (a tile is all K rows by BV columns) or, with
     SPLIT_K, K (BK rows by all of V, BV >= V)."""
     NPART: tl.constexpr = (K + BK - 1) // BK if SPLIT_K else (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_nh = pid // NPART
     i_part = pid % NPART
+    i_n = i_nh // H
     i_h = i_nh % H
-    bos, T_seq = sequence_bounds(cu_seqlens, i_nh // H, T, IS_VARLEN)
+    bos, T_seq = sequence_bounds(cu_seqlens, i_n, T, IS_VARLEN)
     if SPLIT_K:
         o_k = i_part * BK + tl.arange(0, BK)
         o_v = tl.arange(0, BV)
@@ -108,7 +109,7 @@ def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constex
     m_k = o_k < K
     m_v = o_v < V
     tile = i_nh * K * V + o_k[:, None] * V + o_v[None, :]
-    return i_part, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile
+    return i_part, i_n, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile
 
 
 @triton.jit
@@ -130,11 +131,11 @@ def fused_recurrent_fwd_kernel(
     The step is written out in the loop rather than in a helper: under the interpreter a
     helper call per step costs milliseconds (the interpreter re-patches on every call).
     """
-    i_v, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN, False)
+    i_v, i_n, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN,
+                                                                        False)
     m_kv = m_k[:, None] & m_v[None, :]
     if STORE_CHECKPOINTS:
-        slot0 = first_state_slot(bos, (tl.program_id(0).to(tl.int64) // ((V + BV - 1) // BV)) // H, T, SEG,
-                                 IS_VARLEN)
+        slot0 = first_state_slot(bos, i_n, T, SEG, IS_VARLEN)
     CONSTANT: tl.constexpr = USE_G_GAMMA and not (USE_G or USE_GK)
     if USE_G_GAMMA:
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
@@ -276,9 +277,8 @@ def fused_recurrent_bwd_kernel(
     GATED: tl.constexpr = USE_G or USE_G_GAMMA or USE_GK
     GATE_DTYPE: tl.constexpr = tl.float64 if GATE_F64 else tl.float32
     NPART: tl.constexpr = (K + BK - 1) // BK if SPLIT_K else (V + BV - 1) // BV
-    i_part, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV, IS_VARLEN,
-                                                                      SPLIT_K)
-    i_n = tl.program_id(0).to(tl.int64) // NPART // H
+    i_part, i_n, i_h, bos, T_seq, o_k, o_v, m_k, m_v, tile = _program_tile(cu_seqlens, T, H, K, V, BK, BV,
+                                                                           IS_VARLEN, SPLIT_K)
     m_kv = m_k[:, None] & m_v[None, :]
     # the slab of dk and a per-channel dg: a V block's share, or (SPLIT_K) the whole
     if SPLIT_K:
