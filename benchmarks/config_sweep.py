@@ -119,6 +119,12 @@ VARIANTS = {
         "intra BK 64, 128 regs": _gla(intra={"BK": 64, "maxnreg": 128}),
         "intra BK 32, 128 regs": _gla(intra={"BK": 32, "maxnreg": 128}),
         "qkg 128 regs": _gla(qkg={"maxnreg": 128}),
+        # where the intra kernel's time goes (timings only: the results are wrong): its loads,
+        # stores and final exponentials with no level (0), half the levels (3), and every
+        # level without its sibling totals (no tl.gather: the sums never merge)
+        "cost: 0 levels": ("kernels.gla.chunk", "LEVELS", lambda base: 0),
+        "cost: 3 levels": ("kernels.gla.chunk", "LEVELS", lambda base: 3),
+        "intra BK 64, 8 warps": _gla(intra={"BK": 64, "num_warps": 8}),
     },
     "fused_recurrent_gla": {
         "default": [],
@@ -227,13 +233,15 @@ def _levels(form: str):
     return level_variants.patches(getattr(level_variants, form))
 
 
-OWN_PROCESS = {"sibling totals by reduction", "sibling totals by reduction, intra 16 warps", "sibling totals by product"}
+OWN_PROCESS = {"sibling totals by reduction", "sibling totals by reduction, intra 16 warps", "sibling totals by product",
+               "cost: levels without gathers"}
 for _op in ("chunk_gla", "chunk_kda"):
     VARIANTS[_op]["sibling totals by reduction"] = _levels("sibling_total_by_reduction")
     VARIANTS[_op]["sibling totals by product"] = _levels("sibling_total_by_product")
 VARIANTS["chunk_gla"]["sibling totals by reduction, intra 16 warps"] = (
     _levels("sibling_total_by_reduction") + [_gla(intra={"num_warps": 16})])
 VARIANTS["chunk_dplr_delta_rule"]["sibling totals by product"] = _levels("sibling_total_by_product")
+VARIANTS["chunk_gla"]["cost: levels without gathers"] = _levels("sibling_total_none")
 
 
 def _more_programs(partials_module, factor: int):

@@ -40,6 +40,13 @@ def sibling_total_by_product(L, right, level, BT: tl.constexpr, BD: tl.constexpr
     return tl.dot(select, L, input_precision="tf32x3")
 
 
+@triton.jit
+def sibling_total_none(L, right, level, BT: tl.constexpr, BD: tl.constexpr):
+    """Not a form: zero totals, so a level costs what it does without its gather (for
+    config_sweep.py's cost decomposition only; the sums never merge)."""
+    return tl.zeros([BT, BD], dtype=tl.float32)
+
+
 def patches(form):
     """config_sweep patches that put ``form`` in place of every binding of ``sibling_total``."""
     return [(module, "sibling_total", lambda base: form)

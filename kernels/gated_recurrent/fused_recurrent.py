@@ -64,8 +64,10 @@ of ``[N * NV, H * K]`` partial sums (``NV = 1`` split by rows), added up in a fi
 (``kernels._partials.column_sum``).
 
 Launches: forward 1; backward 3 (the first pass is the forward kernel in its dq mode,
-then the second pass, then the reduction), plus dv's sum when split by rows and rwkv6's
-du sum. Grid axis 0 carries ``N * H`` times the blocks; nothing large goes on axes 1 and
+then the second pass, then the reduction), plus dv's sum when split by rows, and for rwkv6
+the du sum and, before both passes, ``bonus_dots_kernel``: each token's ``r_t . (u k_t)``
+and ``do_t . v_t``, which the passes read as one scalar a step (reduced in the step, each
+was a reduction across the program's warps on the serial path). Grid axis 0 carries ``N * H`` times the blocks; nothing large goes on axes 1 and
 2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats, allocated only when a
 gate gradient is wanted.
 """
@@ -114,7 +116,7 @@ def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constex
 
 @triton.jit
 def fused_recurrent_fwd_kernel(
-    q, k, v, g, g_gamma, gk, u, readout, h0, ht, checkpoints, cu_seqlens, scale, T, n_rows,
+    q, k, v, g, g_gamma, gk, u, bonus_dots, readout, h0, ht, checkpoints, cu_seqlens, scale, T, n_rows,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
     USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, BONUS: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, DQ_MODE: tl.constexpr, STORE_CHECKPOINTS: tl.constexpr,
@@ -126,7 +128,9 @@ def fused_recurrent_fwd_kernel(
     first pass; ``q`` is then do): ``readout`` is the float32 partial dq
     (``[NV, B*T, H, K]``, ``n_rows = B*T``) and this V block's slab gets ``scale S_t do_t``;
     with STORE_CHECKPOINTS it also keeps S before every segment of SEG steps. With BONUS
-    both read ``S_{t-1}`` and add the bonus term (module docstring).
+    both read ``S_{t-1}`` and add the bonus term (module docstring); in DQ_MODE its
+    ``do_t . v_t`` comes from ``bonus_dots`` (``bonus_dots_kernel``), all of it in the first
+    V block's slab.
 
     The step is written out in the loop rather than in a helper: under the interpreter a
     helper call per step costs milliseconds (the interpreter re-patches on every call).
@@ -145,6 +149,7 @@ def fused_recurrent_fwd_kernel(
 
     if BONUS:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        first_block = (i_v == 0).to(tl.float32)  # the block whose dq slab takes the whole do . v term
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + tile, mask=m_kv, other=0.0)
@@ -164,12 +169,17 @@ def fused_recurrent_fwd_kernel(
     nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
     nq = tl.load(q + row * QW + q_cols, mask=m_q & ahead, other=0.0)
     ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
+    BONUS_DOTS: tl.constexpr = BONUS and DQ_MODE
+    if BONUS_DOTS:
+        ndov = tl.load(bonus_dots + n_rows * H + row + o_1, mask=ahead, other=0.0)
     for t in range(T_seq):
         if STORE_CHECKPOINTS:
             if t % SEG == 0:
                 tl.store(checkpoints + ((slot0 + t // SEG) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
                          S, mask=m_kv)
         bk, bv, bq, bg, bgk = nk.to(tl.float32), nv.to(tl.float32), nq.to(tl.float32), ng, ngk
+        if BONUS_DOTS:
+            b_dov = ndov
         nxt = row + H
         ahead = o_1 + t + 1 < T_seq
         nk = tl.load(k + nxt * K + o_k, mask=m_k & ahead, other=0.0)
@@ -179,6 +189,8 @@ def fused_recurrent_fwd_kernel(
             ng = tl.load(g + nxt + o_1, mask=ahead, other=0.0)
         if USE_GK:
             ngk = tl.load(gk + nxt * K + o_k, mask=m_k & ahead, other=0.0)
+        if BONUS_DOTS:
+            ndov = tl.load(bonus_dots + n_rows * H + nxt + o_1, mask=ahead, other=0.0)
         a = tl.zeros([BK], dtype=tl.float32)
         if USE_G:
             a += bg.to(tl.float32)
@@ -191,7 +203,7 @@ def fused_recurrent_fwd_kernel(
         if DQ_MODE:  # bq is do here
             b_dq = tl.sum(S_read * bq[None, :], 1)
             if BONUS:
-                b_dq += b_u * bk * tl.sum(bq * bv, 0)
+                b_dq += b_u * bk * (b_dov * first_block)
             tl.store(readout + i_v * n_rows * H * K + row * K + o_k, b_dq * scale, mask=m_k)
         else:
             b_o = tl.sum(S_read * bq[:, None], 0)
@@ -257,7 +269,7 @@ def _segment_gates(g, g_gamma, gk, rows, m_s, i_h, o_k, m_k, K: tl.constexpr, US
 
 @triton.jit
 def fused_recurrent_bwd_kernel(
-    q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
+    q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
     n_rows, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
     USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, BONUS: tl.constexpr,
     GATE_GRAD: tl.constexpr, GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
@@ -272,7 +284,10 @@ def fused_recurrent_bwd_kernel(
     ``[NK, B*T, H, V]`` slabs with DV_PARTIAL (NK > 1). ``checkpoints`` holds the state
     before each segment (from the first pass), in ``state_slots`` rows. With BONUS,
     ``du_part`` is float32 ``[N * NV, H * K]`` (``[N, H * K]`` with SPLIT_K): this
-    program's share of du.
+    program's share of du. Its two dot products per token, ``q_t . (u k_t)`` and
+    ``do_t . v_t``, come from ``bonus_dots`` (``bonus_dots_kernel``): whole, so the program
+    whose share is a block of the one (K blocks with SPLIT_K, V blocks without) takes the
+    term in the first block only.
     """
     GATED: tl.constexpr = USE_G or USE_G_GAMMA or USE_GK
     GATE_DTYPE: tl.constexpr = tl.float64 if GATE_F64 else tl.float32
@@ -295,6 +310,10 @@ def fused_recurrent_bwd_kernel(
         gamma = tl.load(g_gamma + i_h).to(tl.float32)
     if BONUS:
         b_u = tl.load(u + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+        first_block = (i_part == 0).to(tl.float32)
+        # a K block holds part of q . (u k), a V block part of do . v: the whole goes to block 0
+        quk_share = first_block if SPLIT_K else 1.0
+        dov_share = 1.0 if SPLIT_K else first_block
     b_du = tl.zeros([BK], dtype=tl.float32)
     o_1 = tl.arange(0, 1)  # as in the forward: the "load ahead" flags and the step's validity as [1] tiles
 
@@ -330,6 +349,9 @@ def fused_recurrent_bwd_kernel(
         nv = tl.load(v + row * V + o_v, mask=m_v & ahead, other=0.0)
         ndo = tl.load(do + row * V + o_v, mask=m_v & ahead, other=0.0)
         ng, ngk = _first_gates(g, gk, row, ahead, o_k, m_k, K, USE_G, USE_GK)
+        if BONUS:
+            nquk = tl.load(bonus_dots + row + o_1, mask=ahead, other=0.0)
+            ndov = tl.load(bonus_dots + n_rows * H + row + o_1, mask=ahead, other=0.0)
         for jj in range(SEG):
             j = SEG - 1 - jj
             valid = o_1 + seg * SEG + j < T_seq  # a [1] tensor, like the masks built on it
@@ -337,6 +359,8 @@ def fused_recurrent_bwd_kernel(
             m_kt = m_k & valid
             m_vt = m_v & valid
             bq, bk, bv, bdo, bg, bgk = nq.to(tl.float32), nk.to(tl.float32), nv.to(tl.float32), ndo.to(tl.float32), ng, ngk
+            if BONUS:
+                b_quk, b_dov = nquk, ndov
             prev = row - H
             ahead = (o_1 + jj + 1 < SEG) & (o_1 + seg * SEG + j - 1 < T_seq)
             nq = tl.load(q + prev * K + o_k, mask=m_k & ahead, other=0.0)
@@ -347,14 +371,17 @@ def fused_recurrent_bwd_kernel(
                 ng = tl.load(g + prev + o_1, mask=ahead, other=0.0)
             if USE_GK:
                 ngk = tl.load(gk + prev * K + o_k, mask=m_k & ahead, other=0.0)
+            if BONUS:
+                nquk = tl.load(bonus_dots + prev + o_1, mask=ahead, other=0.0)
+                ndov = tl.load(bonus_dots + n_rows * H + prev + o_1, mask=ahead, other=0.0)
             if not BONUS:
                 dS += (bq * scale)[:, None] * bdo[None, :]
             b_dk = tl.sum(dS * bv[None, :], 1)
             b_dv = tl.sum(dS * bk[:, None], 0)
             if BONUS:
-                do_v = tl.sum(bdo * bv, 0) * scale  # this V block's share of scale do_t . v_t
+                do_v = b_dov * (scale * dov_share)
                 b_dk += do_v * b_u * bq
-                b_dv += tl.sum(bq * b_u * bk, 0) * scale * bdo
+                b_dv += b_quk * (scale * quk_share) * bdo
                 b_du += do_v * bq * bk
             tl.store(dk_part + slab + row * K + o_k, b_dk, mask=m_kt)
             tl.store(dv + row * V + o_v, b_dv.to(dv.dtype.element_ty), mask=m_vt)
@@ -428,6 +455,41 @@ def fused_recurrent_reduce_kernel(
             tl.store(dg + o_r, bdg_row.to(dg.dtype.element_ty), mask=m_r)
 
 
+@triton.jit
+def bonus_dots_kernel(q, k, u, do, v, out, n_rows, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BR: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """rwkv6's two dot products per (token, head) row, float32 into ``out [2, n_rows]``:
+    ``q_t . (u ⊙ k_t)`` and ``do_t . v_t``. The backward's passes take them as one scalar
+    a step instead of reducing across the program's threads on their serial path."""
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    m_r = o_r < n_rows
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_qk = m_r[:, None] & (o_k < K)[None, :]
+    m_dv = m_r[:, None] & (o_v < V)[None, :]
+    b_q = tl.load(q + o_r[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    b_k = tl.load(k + o_r[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    b_u = tl.load(u + (o_r % H)[:, None] * K + o_k[None, :], mask=m_qk, other=0.0).to(tl.float32)
+    b_do = tl.load(do + o_r[:, None] * V + o_v[None, :], mask=m_dv, other=0.0).to(tl.float32)
+    b_v = tl.load(v + o_r[:, None] * V + o_v[None, :], mask=m_dv, other=0.0).to(tl.float32)
+    tl.store(out + o_r, tl.sum(b_q * b_u * b_k, 1), mask=m_r)
+    tl.store(out + n_rows + o_r, tl.sum(b_do * b_v, 1), mask=m_r)
+
+
+def _bonus_dots(q, k, u, do, v) -> torch.Tensor:
+    """``bonus_dots_kernel`` over every (token, head) row: float32 ``[2, B*T*H]``."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    n_rows = B * T * H
+    out = empty((2, n_rows), torch.float32, q.device)
+    BK, BV = block_size(K), block_size(V)
+    BR = max(1, 4096 // max(BK, BV))
+    if n_rows > 0:
+        bonus_dots_kernel[(cdiv(n_rows, BR),)](q, k, u, do, v, out, n_rows, H=H, K=K, V=V, BR=BR, BK=BK, BV=BV,
+                                               num_warps=4, **COMPILE_OPTIONS)
+    return out
+
+
 # Steps per segment of the gate-gradient split (module docstring): a tl.dot dim (>= 16);
 # the float32 checkpoints take N * ceil(T / SEGMENT) * H * K * V * 4 bytes.
 SEGMENT = 16
@@ -489,7 +551,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
     o = empty(v.shape, v.dtype, v.device)
     final_state = empty((N, H, K, V), torch.float32, q.device) if output_final_state else None
     fused_recurrent_fwd_kernel[(N * H * NV,)](
-        q, k, v, g, g_gamma, gk, u, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
+        q, k, v, g, g_gamma, gk, u, None, o, initial_state, final_state, None, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
         USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None,
         USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
@@ -546,14 +608,15 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
     du_part = empty((N * NV, H * K), torch.float32, q.device) if u is not None else None
     gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None)
+    bonus_dots = _bonus_dots(q, k, u, do, v) if u is not None else None
     fused_recurrent_fwd_kernel[(N * H * NV_Q,)](
-        do, k, v, g, g_gamma, gk, u, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
+        do, k, v, g, g_gamma, gk, u, bonus_dots, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["dq_BV"], SEG=SEGMENT, **gates,
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg["dq_warps"], **COMPILE_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NP,)](
-        q, k, v, g, g_gamma, gk, u, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
+        q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
         B * T,
         H=H, K=K, V=V, BK=tile_BK, BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
