@@ -242,6 +242,9 @@ VARIANTS["chunk_gla"]["sibling totals by reduction, intra 16 warps"] = (
     _levels("sibling_total_by_reduction") + [_gla(intra={"num_warps": 16})])
 VARIANTS["chunk_dplr_delta_rule"]["sibling totals by product"] = _levels("sibling_total_by_product")
 VARIANTS["chunk_gla"]["cost: levels without gathers"] = _levels("sibling_total_none")
+for _op in ("chunk_gla", "chunk_kda", "chunk_dplr_delta_rule"):
+    VARIANTS[_op]["sibling totals by scan"] = _levels("sibling_total_by_scan")
+    OWN_PROCESS.add("sibling totals by scan")
 
 
 def _more_programs(partials_module, factor: int):

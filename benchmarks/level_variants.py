@@ -9,7 +9,9 @@ stores the tensor-core operands from that layout. These forms avoid the gather:
 * by reduction: each half-block's total by a masked sum over a reshaped tile (``level``
   must be a compile-time constant: chunk_gla, chunk_kda);
 * by product: a 0/1 selection matrix times the sums, on the tensor cores at tf32x3 (about
-  2**-21 relative on a same-sign sum; every level form).
+  2**-21 relative on a same-sign sum; every level form);
+* by scan: two ``tl.associative_scan`` along the rows that carry the last row of each left
+  (right) block forwards (backwards) through its sibling: exact, no gather.
 """
 
 from __future__ import annotations
@@ -38,6 +40,25 @@ def sibling_total_by_product(L, right, level, BT: tl.constexpr, BD: tl.constexpr
     sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
     select = (tl.arange(0, BT)[None, :] == sibling_last).to(tl.float32)
     return tl.dot(select, L, input_precision="tf32x3")
+
+
+@triton.jit
+def _latest_flagged(v1, f1, v2, f2):
+    """Scan operator: the value of the latest flagged element so far (in scan order)."""
+    return tl.where(f2 != 0, v2, v1), f1 | f2
+
+
+@triton.jit
+def sibling_total_by_scan(L, right, level, BT: tl.constexpr, BD: tl.constexpr):
+    s = 1 << level
+    pos = tl.arange(0, BT)[:, None] % (2 * s)
+    # a right row reads the left block's last row, the nearest such row at or before it; a
+    # left row the right block's last, the nearest at or after it
+    left_last = tl.broadcast_to((pos == s - 1).to(tl.int32), (BT, BD))
+    right_last = tl.broadcast_to((pos == 2 * s - 1).to(tl.int32), (BT, BD))
+    from_left, _ = tl.associative_scan((L, left_last), 0, _latest_flagged)
+    from_right, _ = tl.associative_scan((L, right_last), 0, _latest_flagged, reverse=True)
+    return tl.where(right, from_left, from_right)
 
 
 @triton.jit
