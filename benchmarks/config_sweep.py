@@ -125,6 +125,9 @@ VARIANTS = {
         "cost: 0 levels": ("kernels.gla.chunk", "LEVELS", lambda base: 0),
         "cost: 3 levels": ("kernels.gla.chunk", "LEVELS", lambda base: 3),
         "intra BK 64, 8 warps": _gla(intra={"BK": 64, "num_warps": 8}),
+        "intra siblings by gather (before)": _gla(intra={"siblings": "gather"}),
+        "intra siblings by scratch, 8 warps": _gla(intra={"siblings": "scratch", "num_warps": 8}),
+        "intra siblings by scratch, BK 64, 8 warps": _gla(intra={"siblings": "scratch", "BK": 64, "num_warps": 8}),
     },
     "fused_recurrent_gla": {
         "default": [],
@@ -164,6 +167,8 @@ VARIANTS = {
 VARIANTS["chunk_kda"] = {
     "default": [],
     "intra 4 warps (before)": _kda(prepare_warps=4),
+    "intra siblings by gather (before)": _kda(prepare_siblings="gather"),
+    "intra siblings by scratch, 16 warps": _kda(prepare_warps=16),
     "intra 16 warps": _kda(prepare_warps=16),
     "intra BK 32, 16 warps": _kda(prepare_BK=32, prepare_warps=16),
     "grad BK 64 (before)": _kda(grad_BK=64),

@@ -72,6 +72,39 @@ def sibling_total(L, right, level, BT: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
+def sibling_total_through(scratch, L, right, level, BT: tl.constexpr, BD: tl.constexpr):
+    """:func:`sibling_total` by a round trip through the program's own float32 ``[BT, BD]``
+    scratch tile in global memory (its L1 holds it) instead of ``tl.gather``: the gather
+    makes the compiler keep the level operands in a layout of 64-row column strips a warp
+    and convert to and from it; a load by row index lands in the operands' own layout.
+    The barriers order one level's loads before the next level's stores and each store
+    before the loads of other threads (the CTA's global writes are visible to it after
+    a barrier)."""
+    s = 1 << level
+    rows = tl.arange(0, BT)[:, None]
+    cols = tl.arange(0, BD)[None, :]
+    sibling_last = (rows // (2 * s)) * (2 * s) + (s - 1) + tl.where(right, 0, s)
+    tl.debug_barrier()
+    tl.store(scratch + rows * BD + cols, L)
+    tl.debug_barrier()
+    return tl.load(scratch + sibling_last * BD + cols)
+
+
+@triton.jit
+def next_level_sums_through(scratch, L, R, right, level, BT: tl.constexpr, BD: tl.constexpr):
+    """:func:`next_level_sums` with the sibling totals through ``scratch``."""
+    total = sibling_total_through(scratch, L, right, level, BT, BD)
+    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def next_level_sums_exclusive_through(scratch, X, R, g, right, level, BT: tl.constexpr, BD: tl.constexpr):
+    """:func:`next_level_sums_exclusive` with the sibling totals through ``scratch``."""
+    total = sibling_total_through(scratch, X + g, right, level, BT, BD)
+    return X + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
 def level_pairs(level, BT: tl.constexpr):
     """``[BT, BT]`` mask of the pairs (i, j) that ``level`` owns: i in the second half,
     j in the first half of the same block of ``2 * 2**level`` rows."""

@@ -86,6 +86,9 @@ class Configs:
     # registers per thread (None: ptxas's choice) of the chunk-parallel level kernels
     prepare_maxnreg: Optional[int] = None
     grad_maxnreg: Optional[int] = None
+    # how a gate-level prepare kernel (chunk_kda's) gets the level sums' sibling totals:
+    # "gather" (tl.gather) or "scratch" (through its own global tile, kernels/_gate_levels.py)
+    prepare_siblings: str = "gather"
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:

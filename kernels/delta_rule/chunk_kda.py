@@ -123,7 +123,7 @@ def kda_configs(K: int, V: int, work: torch.dtype) -> Configs:
     255 registers and spilled 2.4 KB a thread, forward 3.18 ms; at 8 warps 1.60 ms.
     ``kda_grad_keys_kernel`` at 32-wide key blocks (twice the programs, half the tiles):
     forward+backward 7.17 -> 6.82 ms."""
-    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=8, grad_BK=32)
+    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=8, grad_BK=32, prepare_siblings="scratch")
 
 
 def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map, num_seqs,
@@ -146,10 +146,13 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
     rq = empty((B, T, H), torch.float32, dev) if l2norm else None
     rk = empty((B, T, H), torch.float32, dev) if l2norm else None
     if n_chunks > 0:
+        through = cfg.prepare_siblings == "scratch"
+        scratch = empty((n_chunks * HV, BT, cfg.prepare_BK), torch.float32, dev) if through else None
         kda_intra_kernel[(n_chunks * HV,)](
-            q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, cu_seqlens, chunk_map, T, scale,
+            q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg),
+            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through,
+            **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg),
         )
     h = empty((slots, HV, K, V), work, dev)
     vn = empty((B, T, HV, V), work, dev)

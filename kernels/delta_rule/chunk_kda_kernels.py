@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .._chunk import mm, rows_tile, rows_tile_store, state_piece_load
-from .._gate_levels import level_pairs, next_level_sums, right_half
+from .._gate_levels import level_pairs, next_level_sums, next_level_sums_through, right_half
 from .._triangular import unit_lower_inverse
 from ._chunk_common import L2NORM_EPS, chunk_head_program
 
@@ -25,15 +25,19 @@ def _unit_rows(x_base, n_valid, H: tl.constexpr, K: tl.constexpr, col0, r, BT: t
 
 @triton.jit
 def kda_intra_kernel(
-    q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk,
+    q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
-    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_L: tl.constexpr,
+    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_L: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
 ):
     """One program per (chunk, value head): P, A by the gate levels; L = (I + A)^{-1};
     q_in, k_out, e^{G_C}; W = L diag(beta) (k ⊙ e^G), U~ = L diag(beta) V. With STORE_L
-    also L and KK = A / beta_i (the backward's dbeta) for the backward."""
+    also L and KK = A / beta_i (the backward's dbeta) for the backward. With
+    THROUGH_SCRATCH the level sums' sibling totals go through the program's float32
+    ``[BT, BK]`` tile of ``scratch`` instead of a gather."""
+    if THROUGH_SCRATCH:
+        scratch += tl.program_id(0).to(tl.int64) * (BT * BK)
     i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
         tl.program_id(0).to(tl.int64), cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
     WT = w.dtype.element_ty  # the work dtype of every intermediate
@@ -75,7 +79,10 @@ def kda_intra_kernel(
             pairs = level_pairs(level, BT)
             b_P += tl.where(pairs, mm(tl.where(right, b_q * factor, 0.0).to(WT), k_left), 0.0)
             b_A += tl.where(pairs, mm(tl.where(right, b_k * factor, 0.0).to(WT), k_left), 0.0)
-            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
+            if THROUGH_SCRATCH:
+                b_L, b_R = next_level_sums_through(scratch, b_L, b_R, right, level, BT, BK)
+            else:
+                b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
         b_self += tl.sum(b_q * b_k, axis=1)
         # after the last level: L = G, R = G_C - G, each a sum of same-sign gates
         rows_tile_store(q_in + g_base, b_q * tl.exp(b_L) * scale, n_valid, HV * K, K, i_k * BK, BT, BK)

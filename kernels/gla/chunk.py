@@ -172,7 +172,8 @@ import triton.language as tl
 from .. import _arch, _partials, _utils
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
-from .._gate_levels import LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, right_half
+from .._gate_levels import (LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive,
+                            next_level_sums_exclusive_through, next_level_sums_through, right_half)
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
 
@@ -248,10 +249,17 @@ def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.c
 
 @triton.jit
 def _query_level_sums(Q, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                      BONUS: tl.constexpr):
+                      BONUS: tl.constexpr, scratch=None, THROUGH_SCRATCH: tl.constexpr = False):
     """The level sums with the query side's sum ``Q`` inclusive of its row (``L``), or with
-    BONUS exclusive (``X = L - g``: rwkv6's query reads the state before its token)."""
-    if BONUS:
+    BONUS exclusive (``X = L - g``: rwkv6's query reads the state before its token); with
+    THROUGH_SCRATCH the sibling totals go through the program's ``scratch`` tile instead of
+    a gather (``kernels._gate_levels.sibling_total_through``)."""
+    if THROUGH_SCRATCH:
+        if BONUS:
+            Q, R = next_level_sums_exclusive_through(scratch, Q, R, g, right, level, BT, BD)
+        else:
+            Q, R = next_level_sums_through(scratch, Q, R, right, level, BT, BD)
+    elif BONUS:
         Q, R = next_level_sums_exclusive(Q, R, g, right, level, BT, BD)
     else:
         Q, R = next_level_sums(Q, R, right, level, BT, BD)
@@ -269,13 +277,18 @@ def _shift_rows(x, by: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _intra_fwd(
-    q, k, g, u, A, q_in, k_out, decay, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, g, u, A, q_in, k_out, decay, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    THROUGH_SCRATCH: tl.constexpr,
 ):
     """Per chunk: ``A``, and the gate-scaled operands of the state pass. With BONUS
-    (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``."""
+    (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``.
+    With THROUGH_SCRATCH the level sums' sibling totals go through the program's float32
+    ``[BT, BK]`` tile of ``scratch`` instead of a gather."""
     pid = tl.program_id(0)
+    if THROUGH_SCRATCH:
+        scratch += pid.to(tl.int64) * (BT * BK)
     i_chunk = pid // H
     i_h = pid % H
     t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
@@ -307,7 +320,7 @@ def _intra_fwd(
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
             a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS)
+            Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
         # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
@@ -643,7 +656,8 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
         # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120)
         "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128),
-                      num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1),
+                      num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1,
+                      siblings="scratch"),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
         # (Triton 3.6, memcheck: the state update's product in _states_fwd); see also
         # _Layout.state_prec
@@ -731,9 +745,11 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     decay = _utils.empty((lay.chunk_rows, H, K), torch.float32, q.device)
     if lay.n_chunks > 0:
         cfg = lay.cfg["intra"]
+        through = cfg.get("siblings") == "scratch"
+        scratch = _utils.empty((lay.n_chunks * H, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _intra_fwd[(lay.n_chunks * H,)](
-            q, k, g, u, A, q_in, k_out, decay, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None,
+            q, k, g, u, A, q_in, k_out, decay, scratch, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
+            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     o = _utils.empty_like(v)
