@@ -19,6 +19,13 @@ the last level ``L = G`` and ``R = G_last - G``; :func:`next_level_sums_exclusiv
 ending at ``X = G - g``. Used by ``kernels/gla/chunk.py`` (whose
 docstring derives it), ``kernels/delta_rule/chunk_kda.py`` and ``kernels/dplr/``.
 
+The sibling totals move rows across the tile. :func:`sibling_total` does it with
+``tl.gather``; :func:`sibling_total_through` with a store to and a load by row index from
+the program's own scratch tile in global memory, which leaves the operands in their load
+layout (chunk_gla's and chunk_kda's forward intra kernels take it: about 6% faster there on
+the H100; ``benchmarks/results/README.md``). Two ``tl.associative_scan`` per level, the
+other gather-free form tried, was 3.6x slower (``benchmarks/level_variants.py``).
+
 ``level`` may be a compile-time constant (``tl.static_range``: the levels unrolled) or a
 loop variable (``range``: the body compiles once, which keeps the compile time of a kernel
 with many products per level down).

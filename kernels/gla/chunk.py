@@ -141,7 +141,9 @@ grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk
 
 1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
    blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
-   ``e^{G_L}`` (fp32, per chunk) for the state pass.
+   ``e^{G_L}`` (fp32, per chunk) for the state pass. The level sums' sibling totals go
+   through a float32 ``[BT, BK]`` scratch tile per program (``chunks * H * BT * BK``
+   floats, freed after the launch) rather than ``tl.gather`` (config ``siblings``).
 2. ``_states_fwd``: grid ``(N * H * cdiv(V, BV),)``; one program per sequence, head and
    block of value channels walks its chunks in order, keeping the ``[K, BV]`` fp32 state
    in registers: nothing but tensor-core products and the decay, with the chunk loads
@@ -654,7 +656,10 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # the kernel is latency-bound at one block an SM (Nsight Compute: 12.5% occupancy),
         # and register caps or gather-free level sums were slower (benchmarks/results/README.md).
         # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
-        # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120)
+        # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120).
+        # siblings: the level sums' sibling totals through a scratch tile instead of tl.gather
+        # (kernels/_gate_levels.py): forward 0.823 against 0.871 ms (H100, same sweep), the
+        # gathers having been 0.31 of the kernel's 0.74 ms (timed without them)
         "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128),
                       num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1,
                       siblings="scratch"),
