@@ -67,9 +67,9 @@ Launches: forward 1; backward 3 (the first pass is the forward kernel in its dq 
 then the second pass, then the reduction), plus dv's sum when split by rows, and for rwkv6
 the du sum and, before both passes, ``bonus_dots_kernel``: each token's ``r_t . (u k_t)``
 and ``do_t . v_t``, which the passes read as one scalar a step (reduced in the step, each
-was a reduction across the program's warps on the serial path). Grid axis 0 carries ``N * H`` times the blocks; nothing large goes on axes 1 and
-2. The checkpoints take ``N * ceil(T / 16) * H * K * V`` floats, allocated only when a
-gate gradient is wanted.
+was a reduction across the program's warps on the serial path). Grid axis 0 carries
+``N * H`` times the blocks; nothing large goes on axes 1 and 2. The checkpoints take
+``N * ceil(T / 16) * H * K * V`` floats, allocated only when a gate gradient is wanted.
 """
 
 from __future__ import annotations
@@ -269,8 +269,9 @@ def _segment_gates(g, g_gamma, gk, rows, m_s, i_h, o_k, m_k, K: tl.constexpr, US
 
 @triton.jit
 def fused_recurrent_bwd_kernel(
-    q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
-    n_rows, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, SEG: tl.constexpr,
+    q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens,
+    scale, T, n_rows, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    SEG: tl.constexpr,
     USE_G: tl.constexpr, USE_G_GAMMA: tl.constexpr, USE_GK: tl.constexpr, BONUS: tl.constexpr,
     GATE_GRAD: tl.constexpr, GATE_F64: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, SPLIT_K: tl.constexpr, DV_PARTIAL: tl.constexpr,
@@ -616,8 +617,8 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
         IS_VARLEN=cu_seqlens is not None, num_warps=cfg["dq_warps"], **COMPILE_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NP,)](
-        q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens, scale, T,
-        B * T,
+        q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens,
+        scale, T, B * T,
         H=H, K=K, V=V, BK=tile_BK, BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
         IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", SPLIT_K=split_k, DV_PARTIAL=dv_partial,
