@@ -128,6 +128,7 @@ VARIANTS = {
         "intra siblings by gather (before)": _gla(intra={"siblings": "gather"}),
         "intra siblings by scratch, 8 warps": _gla(intra={"siblings": "scratch", "num_warps": 8}),
         "intra siblings by scratch, BK 64, 8 warps": _gla(intra={"siblings": "scratch", "BK": 64, "num_warps": 8}),
+        "qkg siblings by scratch": _gla(qkg={"siblings": "scratch"}),
     },
     "fused_recurrent_gla": {
         "default": [],
@@ -169,6 +170,7 @@ VARIANTS["chunk_kda"] = {
     "intra 4 warps (before)": _kda(prepare_warps=4),
     "intra siblings by gather (before)": _kda(prepare_siblings="gather"),
     "intra siblings by scratch, 16 warps": _kda(prepare_warps=16),
+    "grad siblings by scratch": _kda(grad_siblings="scratch"),
     "intra 16 warps": _kda(prepare_warps=16),
     "intra BK 32, 16 warps": _kda(prepare_BK=32, prepare_warps=16),
     "grad BK 64 (before)": _kda(grad_BK=64),
@@ -183,6 +185,8 @@ VARIANTS["chunk_kda"] = {
 VARIANTS["chunk_dplr_delta_rule"] = {
     "default": [],
     "intra 16 warps": _dplr(intra_warps=16),
+    "intra siblings by scratch": _dplr(intra_siblings="scratch"),
+    "grad siblings by scratch": _dplr(grad_siblings="scratch"),
     "intra 4 warps": _dplr(intra_warps=4),
     "intra BK 64, 16 warps": _dplr(intra_BK=64, intra_warps=16),
     "intra BV 32": _dplr(intra_BV=32),

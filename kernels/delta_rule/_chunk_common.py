@@ -86,9 +86,11 @@ class Configs:
     # registers per thread (None: ptxas's choice) of the chunk-parallel level kernels
     prepare_maxnreg: Optional[int] = None
     grad_maxnreg: Optional[int] = None
-    # how a gate-level prepare kernel (chunk_kda's) gets the level sums' sibling totals:
-    # "gather" (tl.gather) or "scratch" (through its own global tile, kernels/_gate_levels.py)
+    # how a gate-level prepare / gradient kernel (chunk_kda's) gets the level sums' sibling
+    # totals: "gather" (tl.gather) or "scratch" (through its own global tile,
+    # kernels/_gate_levels.py)
     prepare_siblings: str = "gather"
+    grad_siblings: str = "gather"
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:

@@ -216,10 +216,14 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
             cu_seqlens, chunk_map, T, scale, BK=cfg.grad_BK, **common, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
         BK = cfg.grad_BK
-        kda_grad_keys_kernel[(n_chunks * HV * triton.cdiv(K, BK),)](
+        n_programs = n_chunks * HV * triton.cdiv(K, BK)
+        through = cfg.grad_siblings == "scratch"
+        scratch = empty((n_programs, BT, BK), torch.float32, dev) if through else None
+        kda_grad_keys_kernel[(n_programs,)](
             q, k, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"], dPs, dA,
-            dq_heads, dk_heads, dg, cu_seqlens, chunk_map, T, scale,
-            BK=BK, LEVELS=LEVELS, **common, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
+            dq_heads, dk_heads, dg, scratch, cu_seqlens, chunk_map, T, scale,
+            BK=BK, LEVELS=LEVELS, THROUGH_SCRATCH=through, **common,
+            **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     if direct:
         return dq_heads, dk_heads, dv, dg, dbeta, dh0

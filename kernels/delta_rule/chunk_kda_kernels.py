@@ -196,7 +196,7 @@ def _inter_chunk_contractions(do, vn, dvn, h_base, dh_base, n_valid, i_k, HV: tl
 
 @triton.jit
 def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, BK: tl.constexpr,
-                         LEVELS: tl.constexpr, WT: tl.constexpr):
+                         LEVELS: tl.constexpr, WT: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr):
     """The in-chunk pairs i > j, level by level, for P (q_i, k_j) and A (k_i, k_j): the row
     side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}). Returns their
     dq, dk (from P), dk (from A's rows and columns) and the level sums L = G, R = G_C - G."""
@@ -219,25 +219,32 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
         dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
         dk_Arow += row_factor * mm(d_A, k_left)
         dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
-        b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
+        if THROUGH_SCRATCH:
+            b_L, b_R = next_level_sums_through(scratch, b_L, b_R, right, level, BT, BK)
+        else:
+            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
     return dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R
 
 
 @triton.jit
 def kda_grad_keys_kernel(
     q, k, g, beta, L, h, dh, vn, dvn, do, rq, rk, dPs, dA,
-    dq, dk, dg,
+    dq, dk, dg, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
-    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
 ):
     """One program per (chunk, value head, key block): dq, dk with respect to the
     (normalised) q, k of the recurrence, and dg. A key block per program, as GLA's
     backward: with a loop over key blocks the level-masked copies of dPs and dA, the same
-    in every iteration, were hoisted out of it and overflowed shared memory."""
+    in every iteration, were hoisted out of it and overflowed shared memory. With
+    THROUGH_SCRATCH the level sums' sibling totals go through the program's float32
+    ``[BT, BK]`` tile of ``scratch`` instead of a gather."""
     NK: tl.constexpr = (K + BK - 1) // BK
     pid = tl.program_id(0).to(tl.int64)
+    if THROUGH_SCRATCH:
+        scratch += pid * (BT * BK)
     i_k = (pid % NK).to(tl.int32)
     i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
         pid // NK, cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
@@ -266,7 +273,7 @@ def kda_grad_keys_kernel(
     b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
 
     dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R = _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK,
-                                                                  LEVELS, WT)
+                                                                  LEVELS, WT, scratch, THROUGH_SCRATCH)
     # L = G, R = G_C - G
     b_eG = tl.exp(b_L)
     dq_inter = b_dqh * b_eG * scale

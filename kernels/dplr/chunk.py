@@ -141,6 +141,10 @@ class Configs:
     intra_maxnreg: Optional[int] = None
     score_maxnreg: Optional[int] = None
     grad_maxnreg: Optional[int] = None
+    # how the level kernels get the level sums' sibling totals: "gather" (tl.gather) or
+    # "scratch" (through each program's own global tile, kernels/_gate_levels.py)
+    intra_siblings: str = "gather"
+    grad_siblings: str = "gather"
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:

@@ -22,7 +22,7 @@ from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
-from .._gate_levels import level_pairs, right_half, sibling_total
+from .._gate_levels import level_pairs, right_half, sibling_total, sibling_total_through
 from .._utils import cdiv, empty
 from .chunk_fwd import LEVELS, _decay_piece, load_chunk_rows
 
@@ -225,13 +225,15 @@ def _gate_grad(b_X, b_ada, b_Y, b_g, b_hdh, BT: tl.constexpr):
 @triton.jit
 def qkabg_grad_kernel(
     q, k, a, b, gk, do, u, v, dY, h, dh, dA_qk, dA_qb, dA_ak, dA_ab, dA_unit,
-    dq, dk, da, db, dg,
+    dq, dk, da, db, dg, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
 ):
     NK: tl.constexpr = (K + BK - 1) // BK
     pid = tl.program_id(0).to(tl.int64)
+    if THROUGH_SCRATCH:  # the level sums' sibling totals through the program's [BT, BK] tile
+        scratch += pid * (BT * BK)
     i_k = (pid % NK).to(tl.int32)
     i_chunk = (pid // NK) // H
     i_h = (pid // NK) % H
@@ -275,7 +277,10 @@ def qkabg_grad_kernel(
         b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
         b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
         b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
-        total = sibling_total(L, right, level, BT, BK)
+        if THROUGH_SCRATCH:
+            total = sibling_total_through(scratch, L, right, level, BT, BK)
+        else:
+            total = sibling_total(L, right, level, BT, BK)
         L += tl.where(right, total, 0.0)
         Lx += tl.where(right, total, 0.0)
         R += tl.where(right, 0.0, total)
@@ -336,9 +341,12 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
             cu_seqlens, chunk_map, T, H=H, K=K, V=V, BT=BT, BK=cfg.score_BK, BV=cfg.score_BV,
             **flags, **launch_options(cfg.score_warps, 1, cfg.score_maxnreg),
         )
-        qkabg_grad_kernel[(n_chunks * H * cdiv(K, cfg.grad_BK),)](
-            q, k, a, b, gk, do, saved["u"], v, dY, h, dh, *dA, dA_unit, dq, dk, da, db, dg,
+        n_programs = n_chunks * H * cdiv(K, cfg.grad_BK)
+        through = cfg.grad_siblings == "scratch"
+        scratch = empty((n_programs, BT, cfg.grad_BK), torch.float32, dev) if through else None
+        qkabg_grad_kernel[(n_programs,)](
+            q, k, a, b, gk, do, saved["u"], v, dY, h, dh, *dA, dA_unit, dq, dk, da, db, dg, scratch,
             cu_seqlens, chunk_map, T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
+            THROUGH_SCRATCH=through, **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     return dq, dk, dv, da, db, dg, dh0

@@ -25,7 +25,7 @@ from .._chunk import (
     store_state_pieces,
 )
 from .. import _gate_levels
-from .._gate_levels import level_pairs, right_half, sibling_total
+from .._gate_levels import level_pairs, right_half, sibling_total, sibling_total_through
 from .._sequence import state_slots
 from .._triangular import unit_lower_inverse
 from .._utils import cdiv, empty
@@ -55,12 +55,14 @@ def load_chunk_rows(q, k, a, b, gk, row0, n_valid, col0, scale,
 
 @triton.jit
 def intra_fwd_kernel(
-    q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, Lmat, M, w, u_tilde,
+    q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, Lmat, M, w, u_tilde, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
+    if THROUGH_SCRATCH:  # the level sums' sibling totals through the program's [BT, BK] tile
+        scratch += pid * (BT * BK)
     i_chunk = pid // H
     i_h = pid % H
     i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
@@ -92,7 +94,10 @@ def intra_fwd_kernel(
             b_Aqb += tl.where(pairs, mm(q_s, tl.trans(b_s)), 0.0)
             b_Aak += tl.where(pairs, mm(a_s, tl.trans(k_s)), 0.0)
             b_Aab += tl.where(pairs, mm(a_s, tl.trans(b_s)), 0.0)
-            total = sibling_total(L, right, level, BT, BK)
+            if THROUGH_SCRATCH:
+                total = sibling_total_through(scratch, L, right, level, BT, BK)
+            else:
+                total = sibling_total(L, right, level, BT, BK)
             L += tl.where(right, total, 0.0)
             Lx += tl.where(right, total, 0.0)
             R += tl.where(right, 0.0, total)
@@ -237,9 +242,11 @@ def chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_se
     decay = empty((n_slots, H, K), torch.float32, dev)
     flags = dict(IS_VARLEN=varlen)
     if n_chunks > 0:
+        through = cfg.intra_siblings == "scratch"
+        scratch = empty((n_chunks * H, BT, cfg.intra_BK), torch.float32, dev) if through else None
         intra_fwd_kernel[(n_chunks * H,)](
-            q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, L, M, w, u_tilde, cu_seqlens, chunk_map, T, scale,
-            H=H, K=K, V=V, BT=BT, BK=cfg.intra_BK, BV=cfg.intra_BV,
+            q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, L, M, w, u_tilde, scratch, cu_seqlens, chunk_map,
+            T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.intra_BK, BV=cfg.intra_BV, THROUGH_SCRATCH=through,
             **flags, **launch_options(cfg.intra_warps, 1, cfg.intra_maxnreg),
         )
     h = empty((n_slots, H, K, V), wt, dev)

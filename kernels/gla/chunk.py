@@ -503,7 +503,8 @@ def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
 
 @triton.jit
 def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
-                     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr):
+                     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
+                     THROUGH_SCRATCH: tl.constexpr):
     """dq, dk of the pairs i > j within a chunk, level by level as in the forward; also
     returns the level sums Q = G (with BONUS G - g) and R = G_L - G."""
     dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
@@ -518,23 +519,26 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
         q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
         dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS)
+        Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
     return dq_intra, dk_intra, Q, R
 
 
 @triton.jit
 def _qkg_bwd(
-    q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
 ):
     """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
-    chunk's share of du, one row of ``du_part [chunk rows, H * K]``."""
+    chunk's share of du, one row of ``du_part [chunk rows, H * K]``. With THROUGH_SCRATCH
+    the level sums' sibling totals go through the program's ``[BT, BK]`` scratch tile."""
     pid = tl.program_id(0)
     i_chunk = pid // H
     i_h = pid % H
     k0 = tl.program_id(1) * BK
+    if THROUGH_SCRATCH:
+        scratch += (pid.to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * (BT * BK)
     t0, nrows = _chunk_rows(cu_seqlens, chunk_map, i_chunk, T, NT, BT, IS_VARLEN)
     row0 = t0 * H + i_h
     q += row0 * K
@@ -563,7 +567,8 @@ def _qkg_bwd(
 
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
-    dq_intra, dk_intra, Q, R = _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS)
+    dq_intra, dk_intra, Q, R = _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch,
+                                                THROUGH_SCRATCH)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
     b_dq = dq_inter * tl.exp(Q) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
@@ -803,10 +808,13 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool, u
     du_part = torch.zeros((lay.chunk_rows, H * K), dtype=torch.float32, device=q.device) if u is not None else None
     if lay.n_chunks > 0:
         cfg = lay.cfg["qkg"]
-        _qkg_bwd[(lay.n_chunks * H, _utils.cdiv(K, cfg["BK"]))](
-            q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, lay.cu_seqlens, lay.chunk_map, scale,
-            **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
-            **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
+        NK = _utils.cdiv(K, cfg["BK"])
+        through = cfg.get("siblings") == "scratch"
+        scratch = _utils.empty((lay.n_chunks * H * NK, BT, cfg["BK"]), torch.float32, q.device) if through else None
+        _qkg_bwd[(lay.n_chunks * H, NK)](
+            q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, lay.cu_seqlens, lay.chunk_map,
+            scale, **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
+            THROUGH_SCRATCH=through, **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     du = _partials.column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
     return dq, dk, dv, dg, dh0, du
