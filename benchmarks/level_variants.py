@@ -69,6 +69,6 @@ def sibling_total_none(L, right, level, BT: tl.constexpr, BD: tl.constexpr):
 
 
 def patches(form):
-    """config_sweep patches that put ``form`` in place of every binding of ``sibling_total``."""
-    return [(module, "sibling_total", lambda base: form)
-            for module in ("kernels._gate_levels", "kernels.dplr.chunk_fwd", "kernels.dplr.chunk_bwd")]
+    """config_sweep patches that put ``form`` in place of ``sibling_total`` (every level
+    kernel reaches it through ``kernels._gate_levels``)."""
+    return [("kernels._gate_levels", "sibling_total", lambda base: form)]

@@ -46,7 +46,8 @@ def right_half(level, BT: tl.constexpr):
 
 
 @triton.jit
-def next_level_sums(L, R, right, level, BT: tl.constexpr, BD: tl.constexpr):
+def next_level_sums(L, R, right, level, BT: tl.constexpr, BD: tl.constexpr, scratch=None,
+                    THROUGH_SCRATCH: tl.constexpr = False):
     """In-block gate sums at ``level + 1`` from those at ``level``.
 
     At level ``l`` the rows fall in aligned blocks of ``2**l``; ``L_i`` is the sum of
@@ -54,19 +55,32 @@ def next_level_sums(L, R, right, level, BT: tl.constexpr, BD: tl.constexpr):
     ``j``. Merging each block with its sibling adds the sibling's total (``L`` at the
     sibling's last row) to ``L`` of a right block and to ``R`` of a left block. Every
     value stays a sum of same-sign terms: no cancellation, however large the decay.
+    THROUGH_SCRATCH takes the totals through ``scratch`` (:func:`sibling_totals`).
     """
-    total = sibling_total(L, right, level, BT, BD)
+    total = sibling_totals(L, right, level, BT, BD, scratch, THROUGH_SCRATCH)
     return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
 
 
 @triton.jit
-def next_level_sums_exclusive(X, R, g, right, level, BT: tl.constexpr, BD: tl.constexpr):
+def next_level_sums_exclusive(X, R, g, right, level, BT: tl.constexpr, BD: tl.constexpr, scratch=None,
+                              THROUGH_SCRATCH: tl.constexpr = False):
     """:func:`next_level_sums` with the right rows' sums exclusive of their own row:
     ``X_i = L_i - g_i``, the sum of ``g`` over i's block *before* ``i``, for a query that
     reads the state before its token's update (rwkv6). The sibling's total is ``X + g`` at
     its last row (two terms of one sign), so every value is still a same-sign sum."""
-    total = sibling_total(X + g, right, level, BT, BD)
+    total = sibling_totals(X + g, right, level, BT, BD, scratch, THROUGH_SCRATCH)
     return X + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def sibling_totals(L, right, level, BT: tl.constexpr, BD: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr):
+    """:func:`sibling_total_through` the program's ``scratch`` tile with THROUGH_SCRATCH,
+    else :func:`sibling_total` (the gather): a kernel's config picks the form."""
+    if THROUGH_SCRATCH:
+        total = sibling_total_through(scratch, L, right, level, BT, BD)
+    else:
+        total = sibling_total(L, right, level, BT, BD)
+    return total
 
 
 @triton.jit
@@ -95,20 +109,6 @@ def sibling_total_through(scratch, L, right, level, BT: tl.constexpr, BD: tl.con
     tl.store(scratch + rows * BD + cols, L)
     tl.debug_barrier()
     return tl.load(scratch + sibling_last * BD + cols)
-
-
-@triton.jit
-def next_level_sums_through(scratch, L, R, right, level, BT: tl.constexpr, BD: tl.constexpr):
-    """:func:`next_level_sums` with the sibling totals through ``scratch``."""
-    total = sibling_total_through(scratch, L, right, level, BT, BD)
-    return L + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
-
-
-@triton.jit
-def next_level_sums_exclusive_through(scratch, X, R, g, right, level, BT: tl.constexpr, BD: tl.constexpr):
-    """:func:`next_level_sums_exclusive` with the sibling totals through ``scratch``."""
-    total = sibling_total_through(scratch, X + g, right, level, BT, BD)
-    return X + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .._chunk import mm, rows_tile, rows_tile_store, state_piece_load
-from .._gate_levels import level_pairs, next_level_sums, next_level_sums_through, right_half
+from .._gate_levels import level_pairs, next_level_sums, right_half
 from .._triangular import unit_lower_inverse
 from ._chunk_common import L2NORM_EPS, chunk_head_program
 
@@ -79,10 +79,7 @@ def kda_intra_kernel(
             pairs = level_pairs(level, BT)
             b_P += tl.where(pairs, mm(tl.where(right, b_q * factor, 0.0).to(WT), k_left), 0.0)
             b_A += tl.where(pairs, mm(tl.where(right, b_k * factor, 0.0).to(WT), k_left), 0.0)
-            if THROUGH_SCRATCH:
-                b_L, b_R = next_level_sums_through(scratch, b_L, b_R, right, level, BT, BK)
-            else:
-                b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
+            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
         b_self += tl.sum(b_q * b_k, axis=1)
         # after the last level: L = G, R = G_C - G, each a sum of same-sign gates
         rows_tile_store(q_in + g_base, b_q * tl.exp(b_L) * scale, n_valid, HV * K, K, i_k * BK, BT, BK)
@@ -219,10 +216,7 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
         dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
         dk_Arow += row_factor * mm(d_A, k_left)
         dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
-        if THROUGH_SCRATCH:
-            b_L, b_R = next_level_sums_through(scratch, b_L, b_R, right, level, BT, BK)
-        else:
-            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK)
+        b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
     return dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R
 
 

@@ -22,7 +22,7 @@ from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
-from .._gate_levels import level_pairs, right_half, sibling_total, sibling_total_through
+from .._gate_levels import level_pairs, right_half, sibling_totals
 from .._utils import cdiv, empty
 from .chunk_fwd import LEVELS, _decay_piece, load_chunk_rows
 
@@ -277,10 +277,7 @@ def qkabg_grad_kernel(
         b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
         b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
         b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
-        if THROUGH_SCRATCH:
-            total = sibling_total_through(scratch, L, right, level, BT, BK)
-        else:
-            total = sibling_total(L, right, level, BT, BK)
+        total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
         L += tl.where(right, total, 0.0)
         Lx += tl.where(right, total, 0.0)
         R += tl.where(right, 0.0, total)

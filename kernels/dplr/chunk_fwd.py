@@ -25,7 +25,7 @@ from .._chunk import (
     store_state_pieces,
 )
 from .. import _gate_levels
-from .._gate_levels import level_pairs, right_half, sibling_total, sibling_total_through
+from .._gate_levels import level_pairs, right_half, sibling_totals
 from .._sequence import state_slots
 from .._triangular import unit_lower_inverse
 from .._utils import cdiv, empty
@@ -94,10 +94,7 @@ def intra_fwd_kernel(
             b_Aqb += tl.where(pairs, mm(q_s, tl.trans(b_s)), 0.0)
             b_Aak += tl.where(pairs, mm(a_s, tl.trans(k_s)), 0.0)
             b_Aab += tl.where(pairs, mm(a_s, tl.trans(b_s)), 0.0)
-            if THROUGH_SCRATCH:
-                total = sibling_total_through(scratch, L, right, level, BT, BK)
-            else:
-                total = sibling_total(L, right, level, BT, BK)
+            total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
             L += tl.where(right, total, 0.0)
             Lx += tl.where(right, total, 0.0)
             R += tl.where(right, 0.0, total)

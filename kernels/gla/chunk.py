@@ -174,8 +174,7 @@ import triton.language as tl
 from .. import _arch, _partials, _utils
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
-from .._gate_levels import (LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive,
-                            next_level_sums_exclusive_through, next_level_sums_through, right_half)
+from .._gate_levels import LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, right_half
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
 
@@ -251,20 +250,15 @@ def _state_tile(ptr, i_state, K: tl.constexpr, V: tl.constexpr, k0, v0, BK: tl.c
 
 @triton.jit
 def _query_level_sums(Q, R, g, right, level: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr,
-                      BONUS: tl.constexpr, scratch=None, THROUGH_SCRATCH: tl.constexpr = False):
+                      BONUS: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr):
     """The level sums with the query side's sum ``Q`` inclusive of its row (``L``), or with
     BONUS exclusive (``X = L - g``: rwkv6's query reads the state before its token); with
     THROUGH_SCRATCH the sibling totals go through the program's ``scratch`` tile instead of
-    a gather (``kernels._gate_levels.sibling_total_through``)."""
-    if THROUGH_SCRATCH:
-        if BONUS:
-            Q, R = next_level_sums_exclusive_through(scratch, Q, R, g, right, level, BT, BD)
-        else:
-            Q, R = next_level_sums_through(scratch, Q, R, right, level, BT, BD)
-    elif BONUS:
-        Q, R = next_level_sums_exclusive(Q, R, g, right, level, BT, BD)
+    a gather (``kernels._gate_levels.sibling_totals``)."""
+    if BONUS:
+        Q, R = next_level_sums_exclusive(Q, R, g, right, level, BT, BD, scratch, THROUGH_SCRATCH)
     else:
-        Q, R = next_level_sums(Q, R, right, level, BT, BD)
+        Q, R = next_level_sums(Q, R, right, level, BT, BD, scratch, THROUGH_SCRATCH)
     return Q, R
 
 
