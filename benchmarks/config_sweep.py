@@ -256,6 +256,14 @@ for _op in ("chunk_gla", "chunk_kda", "chunk_dplr_delta_rule"):
     OWN_PROCESS.add("sibling totals by scan")
 
 
+# The gate-level kernels as they were before the one-product form (kernels/_gate_levels.py):
+# no work dtype has a one-product limit, so every program takes the levels.
+LEVELS_ALWAYS = ("kernels._gate_levels", "SPREAD_BY_WORK", lambda base: {})
+VARIANTS.setdefault("chunk_rwkv6", {"default": []})
+for _op in ("chunk_gla", "chunk_rwkv6", "chunk_kda", "chunk_dplr_delta_rule"):
+    VARIANTS[_op]["levels always (before)"] = LEVELS_ALWAYS
+
+
 def _more_programs(partials_module, factor: int):
     """A stand-in for ``kernels._partials`` whose ``partial_programs`` plans ``factor`` times
     the programs (capped by the work items)."""

@@ -26,6 +26,17 @@ layout (chunk_gla's and chunk_kda's forward intra kernels take it: about 6% fast
 the H100; ``benchmarks/results/README.md``). Two ``tl.associative_scan`` per level, the
 other gather-free form tried, was 3.6x slower (``benchmarks/level_variants.py``).
 
+Where the in-chunk cumulative gates are small, none of this is needed: with every
+``|G| <= SPREAD`` the textbook factorisation ``(x ⊙ e^{G}) (y ⊙ e^{-G})^T`` neither
+overflows nor loses range, and one tensor-core product covers every pair of the chunk.
+The kernels check this per program and key block (:func:`one_product_gates`) and take the
+levels only where it fails (strong decay, ``-inf`` gates). What the one product costs in
+accuracy: ``e^{G_i} e^{-G_j}`` carries the rounding of ``G`` at its own size, about
+``|G| u32`` relative (the levels carry it at the size of ``G_i - G_j``), so :data:`SPREAD_BY_WORK`
+is 40 for 16-bit work (``6e-8 * 40`` is nothing next to bf16's ``4e-3``; ``e^{40} |y|``
+stays far inside bf16's range) and 16 for fp32 work (``1e-6``, the size of a tf32x3
+product's own error).
+
 ``level`` may be a compile-time constant (``tl.static_range``: the levels unrolled) or a
 loop variable (``range``: the body compiles once, which keeps the compile time of a kernel
 with many products per level down).
@@ -33,10 +44,30 @@ with many products per level down).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition of a 64-row chunk
+
+# The largest in-chunk |G| at which one product replaces the levels, by work dtype (the
+# module docstring argues the values); any other work dtype always takes the levels.
+SPREAD_BY_WORK = {torch.bfloat16: 40.0, torch.float32: 16.0}
+
+
+def one_product_spread(work: torch.dtype) -> float:
+    """The ``SPREAD`` constexpr of a gate-level kernel for the work dtype ``work``
+    (negative: never one product)."""
+    return SPREAD_BY_WORK.get(work, -1.0)
+
+
+@triton.jit
+def one_product_gates(g, SPREAD: tl.constexpr):
+    """``(G, fits)`` for a ``[BT, BD]`` tile of log gates ``g``: the in-chunk cumulative
+    gates and whether every ``|G| <= SPREAD``, in which case ``e^{G}`` and ``e^{-G}`` may
+    scale the two sides of one product. A gate of ``-inf`` (a hard reset) never fits."""
+    G = tl.cumsum(g, axis=0)
+    return G, tl.max(tl.abs(G)) <= SPREAD
 
 
 @triton.jit

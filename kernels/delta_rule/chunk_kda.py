@@ -39,7 +39,10 @@ GLA's intra-chunk scores (``kernels/gla/chunk.py``), and the factorisation
 gate-level recursion (``kernels/_gate_levels.py``): six levels, each a tensor-core
 product of ``x ⊙ e^{L}`` (right rows) and ``k ⊙ e^{R}`` (left rows), ``L, R <= 0`` sums of
 same-sign gates. The recursion also yields ``L = G`` and ``R = G_C - G`` for ``q_in`` and
-``k_out``; ``e^{G_C}``, ``e^G`` are exponents ``<= 0`` too. No exponent is ever positive.
+``k_out``; ``e^{G_C}``, ``e^G`` are exponents ``<= 0`` too. No exponent is ever positive
+on that path. Where a program's key block has every ``|G|`` within the one-product limit
+(``kernels/_gate_levels.py``: the factorisation is safe there), one product of
+``x ⊙ e^{G}`` and ``k ⊙ e^{-G}`` replaces the six, forward and backward.
 
 Launches: ``kda_intra_kernel`` (chunk-parallel: rq, rk, P, A, L, q_in, k_out, e^{G_C}, W,
 U~), the delta rule's ``state_pass_kernel`` with ``CHANNEL_DECAY`` (sequential over
@@ -97,7 +100,7 @@ import triton
 from .. import _arch
 from .._arch import COMPILE_OPTIONS, launch_options
 from .. import _library as library
-from .._gate_levels import LEVELS
+from .._gate_levels import LEVELS, one_product_spread
 from .._sequence import state_slots
 from .._utils import contiguous, empty
 from ._chunk_common import CHUNK, Configs, choose_configs
@@ -153,7 +156,7 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         kda_intra_kernel[(n_chunks * HV,)](
             q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch, cu_seqlens, chunk_map, T, scale,
             H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through,
+            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through, SPREAD=one_product_spread(work),
             **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg),
         )
     h = empty((slots, HV, K, V), work, dev)
@@ -222,7 +225,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
         kda_grad_keys_kernel[(n_programs,)](
             q, k, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"], dPs, dA,
             dq_heads, dk_heads, dg, scratch, cu_seqlens, chunk_map, T, scale,
-            BK=BK, LEVELS=LEVELS, THROUGH_SCRATCH=through, **common,
+            BK=BK, LEVELS=LEVELS, THROUGH_SCRATCH=through, SPREAD=one_product_spread(work), **common,
             **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     if direct:

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .._chunk import mm, rows_tile, rows_tile_store, state_piece_load
-from .._gate_levels import level_pairs, next_level_sums, right_half
+from .._gate_levels import level_pairs, next_level_sums, one_product_gates, right_half
 from .._triangular import unit_lower_inverse
 from ._chunk_common import L2NORM_EPS, chunk_head_program
 
@@ -30,6 +30,7 @@ def kda_intra_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
     L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_L: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
+    SPREAD: tl.constexpr,
 ):
     """One program per (chunk, value head): P, A by the gate levels; L = (I + A)^{-1};
     q_in, k_out, e^{G_C}; W = L diag(beta) (k ⊙ e^G), U~ = L diag(beta) V. With STORE_L
@@ -69,17 +70,28 @@ def kda_intra_kernel(
         b_q = _unit_rows(q + qk_base, n_valid, H, K, i_k * BK, b_rq, BT, BK)
         b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
         b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
-        # pairs i > j, level by level: (x_i e^{L_i}) . (k_j e^{R_j}), x = q for P, k for A
-        b_L = b_g
-        b_R = tl.zeros([BT, BK], dtype=tl.float32)
-        for level in tl.static_range(LEVELS):
-            right = right_half(level, BT)
-            factor = tl.exp(tl.where(right, b_L, b_R))
-            k_left = tl.trans(tl.where(right, 0.0, b_k * factor).to(WT))
-            pairs = level_pairs(level, BT)
-            b_P += tl.where(pairs, mm(tl.where(right, b_q * factor, 0.0).to(WT), k_left), 0.0)
-            b_A += tl.where(pairs, mm(tl.where(right, b_k * factor, 0.0).to(WT), k_left), 0.0)
-            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+        G, one_product = one_product_gates(b_g, SPREAD)
+        if one_product:
+            # every |G| <= SPREAD: all pairs in one product of x e^{G} and k e^{-G}; the
+            # pairs i <= j it also forms are masked out below
+            e_row = tl.exp(G)
+            k_left = tl.trans((b_k * tl.exp(-G)).to(WT))
+            b_P += mm((b_q * e_row).to(WT), k_left)
+            b_A += mm((b_k * e_row).to(WT), k_left)
+            b_L = G
+            b_R = tl.sum(b_g, axis=0)[None, :] - G
+        else:
+            # pairs i > j, level by level: (x_i e^{L_i}) . (k_j e^{R_j}), x = q for P, k for A
+            b_L = b_g
+            b_R = tl.zeros([BT, BK], dtype=tl.float32)
+            for level in tl.static_range(LEVELS):
+                right = right_half(level, BT)
+                factor = tl.exp(tl.where(right, b_L, b_R))
+                k_left = tl.trans(tl.where(right, 0.0, b_k * factor).to(WT))
+                pairs = level_pairs(level, BT)
+                b_P += tl.where(pairs, mm(tl.where(right, b_q * factor, 0.0).to(WT), k_left), 0.0)
+                b_A += tl.where(pairs, mm(tl.where(right, b_k * factor, 0.0).to(WT), k_left), 0.0)
+                b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
         b_self += tl.sum(b_q * b_k, axis=1)
         # after the last level: L = G, R = G_C - G, each a sum of same-sign gates
         rows_tile_store(q_in + g_base, b_q * tl.exp(b_L) * scale, n_valid, HV * K, K, i_k * BK, BT, BK)
@@ -193,30 +205,48 @@ def _inter_chunk_contractions(do, vn, dvn, h_base, dh_base, n_valid, i_k, HV: tl
 
 @triton.jit
 def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, BK: tl.constexpr,
-                         LEVELS: tl.constexpr, WT: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr):
-    """The in-chunk pairs i > j, level by level, for P (q_i, k_j) and A (k_i, k_j): the row
+                         LEVELS: tl.constexpr, WT: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr,
+                         SPREAD: tl.constexpr):
+    """The in-chunk pairs i > j, in one product where the gates allow it and level by
+    level otherwise, for P (q_i, k_j) and A (k_i, k_j): the row
     side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}). Returns their
     dq, dk (from P), dk (from A's rows and columns) and the level sums L = G, R = G_C - G."""
-    dq_P = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_P = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_Arow = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_Acol = tl.zeros([BT, BK], dtype=tl.float32)
-    b_L = b_g
-    b_R = tl.zeros([BT, BK], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
-        right = right_half(level, BT)
-        factor = tl.exp(tl.where(right, b_L, b_R))
-        row_factor = tl.where(right, factor, 0.0)
-        col_factor = tl.where(right, 0.0, factor)
-        pairs = level_pairs(level, BT)
-        d_P = tl.where(pairs, b_dPs, 0.0).to(WT)
-        d_A = tl.where(pairs, b_dA, 0.0).to(WT)
+    G, one_product = one_product_gates(b_g, SPREAD)
+    if one_product:
+        # every |G| <= SPREAD: all pairs in one product per term, rows e^{G}, columns e^{-G}
+        row_factor = tl.exp(G)
+        col_factor = tl.exp(-G)
+        strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
+        d_P = tl.where(strict, b_dPs, 0.0).to(WT)
+        d_A = tl.where(strict, b_dA, 0.0).to(WT)
         k_left = (b_k * col_factor).to(WT)
-        dq_P += row_factor * mm(d_P, k_left)
-        dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
-        dk_Arow += row_factor * mm(d_A, k_left)
-        dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
-        b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+        dq_P = row_factor * mm(d_P, k_left)
+        dk_P = col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
+        dk_Arow = row_factor * mm(d_A, k_left)
+        dk_Acol = col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
+        b_L = G
+        b_R = tl.sum(b_g, axis=0)[None, :] - G
+    else:
+        dq_P = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_P = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_Arow = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_Acol = tl.zeros([BT, BK], dtype=tl.float32)
+        b_L = b_g
+        b_R = tl.zeros([BT, BK], dtype=tl.float32)
+        for level in tl.static_range(LEVELS):
+            right = right_half(level, BT)
+            factor = tl.exp(tl.where(right, b_L, b_R))
+            row_factor = tl.where(right, factor, 0.0)
+            col_factor = tl.where(right, 0.0, factor)
+            pairs = level_pairs(level, BT)
+            d_P = tl.where(pairs, b_dPs, 0.0).to(WT)
+            d_A = tl.where(pairs, b_dA, 0.0).to(WT)
+            k_left = (b_k * col_factor).to(WT)
+            dq_P += row_factor * mm(d_P, k_left)
+            dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
+            dk_Arow += row_factor * mm(d_A, k_left)
+            dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
+            b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
     return dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R
 
 
@@ -227,7 +257,7 @@ def kda_grad_keys_kernel(
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
-    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
+    L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     """One program per (chunk, value head, key block): dq, dk with respect to the
     (normalised) q, k of the recurrence, and dg. A key block per program, as GLA's
@@ -267,7 +297,7 @@ def kda_grad_keys_kernel(
     b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
 
     dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R = _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK,
-                                                                  LEVELS, WT, scratch, THROUGH_SCRATCH)
+                                                                  LEVELS, WT, scratch, THROUGH_SCRATCH, SPREAD)
     # L = G, R = G_C - G
     b_eG = tl.exp(b_L)
     dq_inter = b_dqh * b_eG * scale

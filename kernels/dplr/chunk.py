@@ -38,6 +38,9 @@ The four score matrices carry a per-channel gate, so they are built by levels
 Every exponent the kernels evaluate is a sum of gates (``<= 0``): ``G``, ``G^-``,
 ``G_C - G`` and the in-block sums of the levels, each built without a subtraction, so
 gates of any strength stay finite (``w = -e^{-1/2} sigmoid(x)`` and 800 times that).
+Where a program's key block has every ``|G|`` within the one-product limit
+(``kernels/_gate_levels.py``), each matrix is instead one product of the rows scaled by
+``e^{G}`` (``e^{G^-}``) and the columns by ``e^{-G}``, forward and backward.
 
 Launches (``chunk_fwd.py``): chunk-parallel prepare (scores, L, M, W, U~, the gated
 operands), the sequential state pass (h per chunk, U), the chunk-parallel output.

@@ -22,7 +22,7 @@ from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
-from .._gate_levels import level_pairs, right_half, sibling_totals
+from .._gate_levels import level_pairs, one_product_gates, one_product_spread, right_half, sibling_totals
 from .._utils import cdiv, empty
 from .chunk_fwd import LEVELS, _decay_piece, load_chunk_rows
 
@@ -228,7 +228,7 @@ def qkabg_grad_kernel(
     dq, dk, da, db, dg, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     NK: tl.constexpr = (K + BK - 1) // BK
     pid = tl.program_id(0).to(tl.int64)
@@ -251,36 +251,59 @@ def qkabg_grad_kernel(
     b_dAak = rows_tile(dA_ak + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
     b_dAab = rows_tile(dA_ab + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
 
-    # intra-chunk terms, level by level as in the forward (unit-factor pairs left out)
-    b_dqi = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dai = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dki = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dbi = tl.zeros([BT, BK], dtype=tl.float32)
-    L = b_g
-    Lx = tl.zeros([BT, BK], dtype=tl.float32)
-    R = tl.zeros([BT, BK], dtype=tl.float32)
-    for level in range(LEVELS):
-        right = right_half(level, BT)
-        pairs = level_pairs(level, BT)
+    # intra-chunk terms (unit-factor pairs left out), in one product per term where the
+    # gates allow it and level by level otherwise, as in the forward
+    G, one_product = one_product_gates(b_g, SPREAD)
+    if one_product:
+        strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
+        L = G
+        Lx = G - b_g
+        R = tl.sum(b_g, axis=0)[None, :] - G
         eL = tl.exp(L)
         eLx = tl.exp(Lx)
-        eR = tl.exp(R)
-        q_s = tl.where(right, b_q * eL, 0.0).to(DT)
-        a_s = tl.where(right, b_a * eLx, 0.0).to(DT)
-        k_s = tl.where(right, 0.0, b_k * eR).to(DT)
-        b_s = tl.where(right, 0.0, b_b * eR).to(DT)
-        d_qk = tl.where(pairs, b_dAqk, 0.0).to(DT)
-        d_qb = tl.where(pairs, b_dAqb, 0.0).to(DT)
-        d_ak = tl.where(pairs, b_dAak, 0.0).to(DT)
-        d_ab = tl.where(pairs, b_dAab, 0.0).to(DT)
-        b_dqi += tl.where(right, eL, 0.0) * (mm(d_qk, k_s) + mm(d_qb, b_s))
-        b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
-        b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
-        b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
-        total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
-        L += tl.where(right, total, 0.0)
-        Lx += tl.where(right, total, 0.0)
-        R += tl.where(right, 0.0, total)
+        e_col = tl.exp(-G)
+        q_s = (b_q * eL).to(DT)
+        a_s = (b_a * eLx).to(DT)
+        k_s = (b_k * e_col).to(DT)
+        b_s = (b_b * e_col).to(DT)
+        d_qk = tl.where(strict, b_dAqk, 0.0).to(DT)
+        d_qb = tl.where(strict, b_dAqb, 0.0).to(DT)
+        d_ak = tl.where(strict, b_dAak, 0.0).to(DT)
+        d_ab = tl.where(strict, b_dAab, 0.0).to(DT)
+        b_dqi = eL * (mm(d_qk, k_s) + mm(d_qb, b_s))
+        b_dai = eLx * (mm(d_ak, k_s) + mm(d_ab, b_s))
+        b_dki = e_col * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
+        b_dbi = e_col * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
+    else:
+        b_dqi = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dai = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dki = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dbi = tl.zeros([BT, BK], dtype=tl.float32)
+        L = b_g
+        Lx = tl.zeros([BT, BK], dtype=tl.float32)
+        R = tl.zeros([BT, BK], dtype=tl.float32)
+        for level in range(LEVELS):
+            right = right_half(level, BT)
+            pairs = level_pairs(level, BT)
+            eL = tl.exp(L)
+            eLx = tl.exp(Lx)
+            eR = tl.exp(R)
+            q_s = tl.where(right, b_q * eL, 0.0).to(DT)
+            a_s = tl.where(right, b_a * eLx, 0.0).to(DT)
+            k_s = tl.where(right, 0.0, b_k * eR).to(DT)
+            b_s = tl.where(right, 0.0, b_b * eR).to(DT)
+            d_qk = tl.where(pairs, b_dAqk, 0.0).to(DT)
+            d_qb = tl.where(pairs, b_dAqb, 0.0).to(DT)
+            d_ak = tl.where(pairs, b_dAak, 0.0).to(DT)
+            d_ab = tl.where(pairs, b_dAab, 0.0).to(DT)
+            b_dqi += tl.where(right, eL, 0.0) * (mm(d_qk, k_s) + mm(d_qb, b_s))
+            b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
+            b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
+            b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
+            total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+            L += tl.where(right, total, 0.0)
+            Lx += tl.where(right, total, 0.0)
+            R += tl.where(right, 0.0, total)
 
     # L = G, Lx = G^-, R = G_C - G
     b_dq = b_dqg * tl.exp(L) + b_dqi
@@ -344,6 +367,6 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
         qkabg_grad_kernel[(n_programs,)](
             q, k, a, b, gk, do, saved["u"], v, dY, h, dh, *dA, dA_unit, dq, dk, da, db, dg, scratch,
             cu_seqlens, chunk_map, T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            THROUGH_SCRATCH=through, **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
+            THROUGH_SCRATCH=through, SPREAD=one_product_spread(wt), **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     return dq, dk, dv, da, db, dg, dh0

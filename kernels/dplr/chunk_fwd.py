@@ -25,7 +25,7 @@ from .._chunk import (
     store_state_pieces,
 )
 from .. import _gate_levels
-from .._gate_levels import level_pairs, right_half, sibling_totals
+from .._gate_levels import level_pairs, one_product_gates, one_product_spread, right_half, sibling_totals
 from .._sequence import state_slots
 from .._triangular import unit_lower_inverse
 from .._utils import cdiv, empty
@@ -58,7 +58,7 @@ def intra_fwd_kernel(
     q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, Lmat, M, w, u_tilde, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     if THROUGH_SCRATCH:  # the level sums' sibling totals through the program's [BT, BK] tile
@@ -79,25 +79,41 @@ def intra_fwd_kernel(
     d_qb = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         b_q, b_k, b_a, b_b, b_g = load_chunk_rows(q, k, a, b, gk, row0, n_valid, i_k * BK, scale, H, K, BT, BK)
-        # pairs i > j level by level: (x_i e^{G_i - G_e}) . (y_j e^{G_e - G_j}); the rows of a
-        # read the state before their own step, e^{G^-_i - G_e} (exclusive sums Lx)
-        L = b_g
-        Lx = tl.zeros([BT, BK], dtype=tl.float32)
-        R = tl.zeros([BT, BK], dtype=tl.float32)
-        for level in range(LEVELS):
-            right = right_half(level, BT)
-            pairs = level_pairs(level, BT)
-            q_s, a_s, k_s = level_operands(b_q, b_a, b_k, L, Lx, R, right)
-            b_s = tl.where(right, 0.0, b_b * tl.exp(R))
-            q_s, a_s, k_s, b_s = q_s.to(DT), a_s.to(DT), k_s.to(DT), b_s.to(DT)
-            b_Aqk += tl.where(pairs, mm(q_s, tl.trans(k_s)), 0.0)
-            b_Aqb += tl.where(pairs, mm(q_s, tl.trans(b_s)), 0.0)
-            b_Aak += tl.where(pairs, mm(a_s, tl.trans(k_s)), 0.0)
-            b_Aab += tl.where(pairs, mm(a_s, tl.trans(b_s)), 0.0)
-            total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
-            L += tl.where(right, total, 0.0)
-            Lx += tl.where(right, total, 0.0)
-            R += tl.where(right, 0.0, total)
+        G, one_product = one_product_gates(b_g, SPREAD)
+        if one_product:
+            # every |G| <= SPREAD: all pairs i > j in one product per matrix, rows e^{G}
+            # (a: e^{G^-}), columns e^{-G}
+            strict = rows[:, None] > rows[None, :]
+            L = G
+            Lx = G - b_g
+            R = tl.sum(b_g, axis=0)[None, :] - G
+            e_col = tl.exp(-G)
+            q_s, a_s = (b_q * tl.exp(L)).to(DT), (b_a * tl.exp(Lx)).to(DT)
+            k_s, b_s = (b_k * e_col).to(DT), (b_b * e_col).to(DT)
+            b_Aqk += tl.where(strict, mm(q_s, tl.trans(k_s)), 0.0)
+            b_Aqb += tl.where(strict, mm(q_s, tl.trans(b_s)), 0.0)
+            b_Aak += tl.where(strict, mm(a_s, tl.trans(k_s)), 0.0)
+            b_Aab += tl.where(strict, mm(a_s, tl.trans(b_s)), 0.0)
+        else:
+            # pairs i > j level by level: (x_i e^{G_i - G_e}) . (y_j e^{G_e - G_j}); the rows of a
+            # read the state before their own step, e^{G^-_i - G_e} (exclusive sums Lx)
+            L = b_g
+            Lx = tl.zeros([BT, BK], dtype=tl.float32)
+            R = tl.zeros([BT, BK], dtype=tl.float32)
+            for level in range(LEVELS):
+                right = right_half(level, BT)
+                pairs = level_pairs(level, BT)
+                q_s, a_s, k_s = level_operands(b_q, b_a, b_k, L, Lx, R, right)
+                b_s = tl.where(right, 0.0, b_b * tl.exp(R))
+                q_s, a_s, k_s, b_s = q_s.to(DT), a_s.to(DT), k_s.to(DT), b_s.to(DT)
+                b_Aqk += tl.where(pairs, mm(q_s, tl.trans(k_s)), 0.0)
+                b_Aqb += tl.where(pairs, mm(q_s, tl.trans(b_s)), 0.0)
+                b_Aak += tl.where(pairs, mm(a_s, tl.trans(k_s)), 0.0)
+                b_Aab += tl.where(pairs, mm(a_s, tl.trans(b_s)), 0.0)
+                total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+                L += tl.where(right, total, 0.0)
+                Lx += tl.where(right, total, 0.0)
+                R += tl.where(right, 0.0, total)
         # one block now: L = G, Lx = G^- (the sum before the row), R = G_C - G
         d_qk += tl.sum(b_q * b_k, axis=1)
         d_qb += tl.sum(b_q * b_b, axis=1)
@@ -244,7 +260,7 @@ def chunk_fwd(q, k, v, a, b, gk, scale, initial_state, output_final_state, cu_se
         intra_fwd_kernel[(n_chunks * H,)](
             q, k, v, a, b, gk, qg, kg, bg, ag, decay, A_qk, A_qb, L, M, w, u_tilde, scratch, cu_seqlens, chunk_map,
             T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.intra_BK, BV=cfg.intra_BV, THROUGH_SCRATCH=through,
-            **flags, **launch_options(cfg.intra_warps, 1, cfg.intra_maxnreg),
+            SPREAD=one_product_spread(wt), **flags, **launch_options(cfg.intra_warps, 1, cfg.intra_maxnreg),
         )
     h = empty((n_slots, H, K, V), wt, dev)
     u = empty((B, T, H, V), wt, dev)

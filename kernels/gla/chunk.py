@@ -59,6 +59,14 @@ an elementwise loop over the 16 columns of each diagonal block, is the special c
 stops the recursion at 16; a 16-step loop per chunk is latency-bound on a GPU, while
 six levels are six independent tensor-core products.)
 
+Six products and their level sums cost what one does not, and most gates never need them:
+where every ``|G|`` of a program's key block is within ``SPREAD`` (40 for bf16 work, 16 for
+fp32; ``kernels/_gate_levels.py`` argues both), ``e^{G}`` and ``e^{-G}`` are both
+representable and the textbook form is one product over all pairs,
+``A = tril(dot(q ⊙ e^{G}, (k ⊙ e^{-G})^T), -1)``, with ``L = G`` and ``R = G_L - G``
+directly. The kernels check per program and key block and take the levels only where
+the check fails (strong decay, ``-inf`` gates), in the forward and the backward alike.
+
 Backward
 --------
 With ``dS`` the gradient of the loss w.r.t. a state, define per chunk ``dh`` = the
@@ -174,7 +182,9 @@ import triton.language as tl
 from .. import _arch, _partials, _utils
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
-from .._gate_levels import LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, right_half
+from .._gate_levels import (
+    LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates, one_product_spread, right_half,
+)
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
 
@@ -276,7 +286,7 @@ def _intra_fwd(
     q, k, g, u, A, q_in, k_out, decay, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    THROUGH_SCRATCH: tl.constexpr,
+    THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     """Per chunk: ``A``, and the gate-scaled operands of the state pass. With BONUS
     (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``.
@@ -305,18 +315,28 @@ def _intra_fwd(
         b_g = _load_rows(g, nrows, H * K, k0, K, BT, BK)
         b_q = _load_rows(q, nrows, H * K, k0, K, BT, BK)
         b_k = _load_rows(k, nrows, H * K, k0, K, BT, BK)
-        # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
-        # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
-        # Q: the query side's in-block sums, inclusive (L), or with BONUS exclusive (X).
-        Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
-        R = tl.zeros([BT, BK], dtype=tl.float32)
-        for level in tl.static_range(LEVELS):
-            right = right_half(level, BT)
-            factor = tl.exp(tl.where(right, Q, R))
-            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
+        G, one_product = one_product_gates(b_g, SPREAD)
+        if one_product:
+            # every |G| <= SPREAD: all pairs i > j in one product of q e^{G} (BONUS: e^{G - g})
+            # and k e^{-G} (kernels/_gate_levels.py)
+            Q = G - b_g if BONUS else G
+            q_s = (b_q * tl.exp(Q)).to(DOT)
+            k_s = (b_k * tl.exp(-G)).to(DOT)
+            a += tl.where(rows > cols, tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            R = tl.sum(b_g, axis=0)[None, :] - G
+        else:
+            # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
+            # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
+            # Q: the query side's in-block sums, inclusive (L), or with BONUS exclusive (X).
+            Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
+            R = tl.zeros([BT, BK], dtype=tl.float32)
+            for level in tl.static_range(LEVELS):
+                right = right_half(level, BT)
+                factor = tl.exp(tl.where(right, Q, R))
+                q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+                k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+                a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+                Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
         # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
         tl.store(decay + kvec, tl.exp(tl.sum(b_g, axis=0)), mask=kvec < K)
@@ -498,22 +518,33 @@ def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
 @triton.jit
 def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
                      DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
-                     THROUGH_SCRATCH: tl.constexpr):
-    """dq, dk of the pairs i > j within a chunk, level by level as in the forward; also
-    returns the level sums Q = G (with BONUS G - g) and R = G_L - G."""
-    dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
-    Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
-    R = tl.zeros([BT, BK], dtype=tl.float32)
-    for level in tl.static_range(LEVELS):
-        right = right_half(level, BT)
-        factor = tl.exp(tl.where(right, Q, R))
-        d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
-        k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-        dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
-        q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-        dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
-        Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
+                     THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr):
+    """dq, dk of the pairs i > j within a chunk, in one product where the gates allow it
+    and level by level otherwise, as in the forward; also returns the level sums Q = G
+    (with BONUS G - g) and R = G_L - G."""
+    G, one_product = one_product_gates(b_g, SPREAD)
+    if one_product:
+        Q = G - b_g if BONUS else G
+        e_q = tl.exp(Q)
+        e_k = tl.exp(-G)
+        d_a_s = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0).to(DOT)
+        dq_intra = e_q * tl.dot(d_a_s, (b_k * e_k).to(DOT), input_precision=PREC)
+        dk_intra = e_k * tl.dot(tl.trans(d_a_s), (b_q * e_q).to(DOT), input_precision=PREC)
+        R = tl.sum(b_g, axis=0)[None, :] - G
+    else:
+        dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
+        Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
+        R = tl.zeros([BT, BK], dtype=tl.float32)
+        for level in tl.static_range(LEVELS):
+            right = right_half(level, BT)
+            factor = tl.exp(tl.where(right, Q, R))
+            d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
+            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+            dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
+            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+            dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+            Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
     return dq_intra, dk_intra, Q, R
 
 
@@ -522,7 +553,7 @@ def _qkg_bwd(
     q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
-    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
     chunk's share of du, one row of ``du_part [chunk rows, H * K]``. With THROUGH_SCRATCH
@@ -562,7 +593,7 @@ def _qkg_bwd(
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
     dq_intra, dk_intra, Q, R = _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch,
-                                                THROUGH_SCRATCH)
+                                                THROUGH_SCRATCH, SPREAD)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
     b_dq = dq_inter * tl.exp(Q) * scale + dq_intra
     dk_inter = dk_inter * tl.exp(R)
@@ -728,6 +759,7 @@ class _Layout:
         self.work = torch.float32 if q.dtype == torch.float16 else q.dtype
         self.cfg = _configs(K, self.V, self.work)
         self.dot, self.prec = _dot_types(self.work)
+        self.spread = one_product_spread(self.work)  # the gate-level kernels' one-product limit
         # fp32 state passes at a 16-wide value block (K > 128): on sm90 their three-pass
         # tf32 products read shared memory out of bounds at 8 warps, and at 4 gave outputs
         # that changed between runs under memcheck (Triton 3.6); plain fp32 products did not.
@@ -753,7 +785,7 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         scratch = _utils.empty((lay.n_chunks * H, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _intra_fwd[(lay.n_chunks * H,)](
             q, k, g, u, A, q_in, k_out, decay, scratch, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through,
+            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through, SPREAD=lay.spread,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     o = _utils.empty_like(v)
@@ -808,7 +840,8 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool, u
         _qkg_bwd[(lay.n_chunks * H, NK)](
             q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, lay.cu_seqlens, lay.chunk_map,
             scale, **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
-            THROUGH_SCRATCH=through, **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
+            THROUGH_SCRATCH=through, SPREAD=lay.spread,
+            **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     du = _partials.column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
     return dq, dk, dv, dg, dh0, du

@@ -1,10 +1,18 @@
-"""The gate levels' sibling totals come from ``tl.gather`` or from a round trip through each
-program's scratch tile (``kernels/_gate_levels.py``, ``sibling_total_through``), per kernel
-by config: chunk_gla's and chunk_rwkv6's ``intra`` / ``qkg``, chunk_kda's ``prepare`` /
-``grad``, DPLR's ``intra`` / ``grad``. Both forms move the same fp32 values into the same
-sums in the same order, so every output and gradient must be bitwise equal between them:
-two chunks and a short tail, strong decay, an initial state; the levels' rows cross chunk
-or program edges only if a scratch tile's offset is wrong."""
+"""The gate-level kernels' two choices that must not change what they compute
+(``kernels/_gate_levels.py``): chunk_gla's and chunk_rwkv6's ``_intra_fwd`` / ``_qkg_bwd``,
+chunk_kda's prepare and key-gradient kernels, DPLR's ``intra_fwd_kernel`` /
+``qkabg_grad_kernel``.
+
+- Sibling totals by ``tl.gather`` or through each program's scratch tile (a config): both
+  move the same fp32 values into the same sums in the same order, so every output and
+  gradient must be bitwise equal, at strong decay (the levels) over two chunks and a short
+  tail with an initial state; the levels' rows cross chunk or program edges only if a
+  scratch tile's offset is wrong.
+- One product or the levels (by the gates, per program and key block): at realistic decay
+  the one product must agree with the levels to fp32 accuracy, and be a different
+  computation (not bitwise equal: it ran); at strong decay the kernels must fall back to
+  the levels (bitwise equal to them), where one product forced on would overflow.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels import chunk_dplr_delta_rule, chunk_gla, chunk_kda, chunk_rwkv6
+from kernels import _gate_levels, chunk_dplr_delta_rule, chunk_gla, chunk_kda, chunk_rwkv6
 from kernels._arch import is_interpreter
 from kernels.delta_rule import chunk_kda as kda_module
 from kernels.dplr import chunk as dplr_module
@@ -30,13 +38,16 @@ def _device():
     return torch.device("cuda") if (torch.cuda.is_available() and not is_interpreter()) else torch.device("cpu")
 
 
-def _inputs(op):
+STRONG = 0.05  # gate normaliser: in-chunk gate sums reach the thousands
+REALISTIC = 8.0  # a few percent decay a step: |G| stays within every SPREAD
+
+
+def _inputs(op, normaliser=STRONG):
     gen = torch.Generator().manual_seed(1)
     B, T, H, K, V = 2, 150, 2, 32, 32
     x = {name: torch.randn(B, T, H, K, generator=gen) for name in ("q", "k")}
     x["v"] = torch.randn(B, T, H, V, generator=gen)
-    # strong decay: in-chunk gate sums reach the thousands, where a cancelling form would show
-    x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / 0.05
+    x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / normaliser
     x["h0"] = torch.randn(B, H, K, V, generator=gen)
     if op in ("chunk_kda", "chunk_dplr_delta_rule"):
         x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
@@ -80,9 +91,7 @@ def _with_siblings(op, form, patch):
         patch.setattr(gla_module, "_configs", configs)
 
 
-def _outputs_and_grads(op, form, patch):
-    _with_siblings(op, form, patch)
-    x = _inputs(op)
+def _outputs_and_grads(op, x):
     o, ht = _run(op, x)
     gen = torch.Generator().manual_seed(2)
     cotangents = [torch.randn(t.shape, generator=gen).to(t.device) for t in (o, ht)]
@@ -95,8 +104,50 @@ def test_scratch_sibling_totals_match_gather(op, monkeypatch):
     results = {}
     for form in ("gather", "scratch"):
         with monkeypatch.context() as patch:
-            results[form] = _outputs_and_grads(op, form, patch)
+            _with_siblings(op, form, patch)
+            results[form] = _outputs_and_grads(op, _inputs(op))
     for name, b in results["gather"].items():
         a = results["scratch"][name]
         assert torch.isfinite(b).all(), f"{op} {name}: not finite by gather"
         assert torch.equal(a, b), f"{op} {name}: max difference {(a - b).abs().max().item():.3e} between the forms"
+
+
+def _with_spread(spread, patch):
+    """Every gate-level kernel takes one product while ``|G| <= spread`` (negative: never)."""
+    for work in (torch.float32, torch.bfloat16):
+        patch.setitem(_gate_levels.SPREAD_BY_WORK, work, spread)
+
+
+def _by_spread(op, normaliser, spreads, monkeypatch):
+    results = {}
+    for name, spread in spreads.items():
+        with monkeypatch.context() as patch:
+            if spread is not None:
+                _with_spread(spread, patch)
+            results[name] = _outputs_and_grads(op, _inputs(op, normaliser))
+    return results
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_one_product_matches_levels_at_realistic_decay(op, monkeypatch):
+    results = _by_spread(op, REALISTIC, {"default": None, "levels": -1.0}, monkeypatch)
+    differs = False
+    for name, levels in results["levels"].items():
+        one = results["default"][name]
+        assert torch.isfinite(one).all(), f"{op} {name}: not finite in one product"
+        error = ((one - levels).norm() / levels.norm()).item()
+        # fp32 on both sides: the two forms differ by the rounding of G (|G| u32 relative,
+        # kernels/_gate_levels.py), far under the fp32 forward limit of 2e-5
+        assert error < 2e-6, f"{op} {name}: one product differs from the levels by {error:.2e} (rel)"
+        differs |= not torch.equal(one, levels)
+    assert differs, f"{op}: bitwise equal to the levels, so the one-product form did not run"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_strong_decay_falls_back_to_levels(op, monkeypatch):
+    results = _by_spread(op, STRONG, {"default": None, "levels": -1.0, "forced": 1e30}, monkeypatch)
+    for name, levels in results["levels"].items():
+        assert torch.equal(results["default"][name], levels), f"{op} {name}: did not fall back to the levels"
+    forced = results["forced"]
+    # the guard is what keeps this finite: one product at these gates meets e^{-G} = inf
+    assert not all(torch.isfinite(t).all() for t in forced.values()), f"{op}: forced one product stayed finite"
