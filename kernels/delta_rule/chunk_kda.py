@@ -125,10 +125,13 @@ def kda_configs(K: int, V: int, work: torch.dtype) -> Configs:
     K=V=128 bf16, ``benchmarks/config_sweep.py``): ``kda_intra_kernel`` at 4 warps used
     255 registers and spilled 2.4 KB a thread, forward 3.18 ms; at 8 warps 1.60 ms.
     ``kda_grad_keys_kernel`` at 32-wide key blocks (twice the programs, half the tiles):
-    forward+backward 7.17 -> 6.82 ms. The intra kernel's level sums take their sibling
-    totals through a scratch tile (``kernels/_gate_levels.py``, ``sibling_total_through``):
-    forward 1.50 against 1.60 ms by tl.gather (H100, same sweep; 1.67 at 16 warps)."""
-    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=8, grad_BK=32, prepare_siblings="scratch")
+    forward+backward 7.17 -> 6.82 ms. The level sums' sibling totals come from tl.gather:
+    through a scratch tile (``kernels/_gate_levels.py``) the forward was 1.50 against 1.60
+    ms while every program took the levels, but beside the one-product branch Triton 3.6
+    compiles the intra kernel wrong on sm90 at K = 32 in fp32 without L stored (finite,
+    wrong outputs, no sanitizer report; not with the gather, 4 or 16 warps, or the levels
+    alone: benchmarks/results/README.md), and the branch is the path realistic gates take."""
+    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=8, grad_BK=32)
 
 
 def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map, num_seqs,

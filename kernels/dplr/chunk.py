@@ -177,7 +177,10 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         # fp32 operands stage twice the bytes of bf16 ones in shared memory (200 KB at 64-wide
         # blocks, 112 KB at 32: over the 100 KB parts)
         score_BK=32 if wide else min(64, BK_full), score_BV=16 if wide else min(64, BV_full), score_warps=8,
-        grad_BK=32, grad_BV=min(64, BV_full), grad_warps=8,
+        # V = 64 in one 64-wide value block: Triton 3.6's qkabg_grad_kernel with the
+        # one-product branch faults (illegal address) on sm90; two 32-wide blocks, or the
+        # levels alone, do not (benchmarks/dplr_fault_probe.py, H100)
+        grad_BK=32, grad_BV=32 if BV_full == 64 else min(64, BV_full), grad_warps=8,
     )
 
 
