@@ -125,7 +125,7 @@ VARIANTS = {
         "cost: 0 levels": ("kernels.gla.chunk", "LEVELS", lambda base: 0),
         "cost: 3 levels": ("kernels.gla.chunk", "LEVELS", lambda base: 3),
         "intra BK 64, 8 warps": _gla(intra={"BK": 64, "num_warps": 8}),
-        "intra siblings by scratch": _gla(intra={"siblings": "scratch"}),
+        "intra siblings by gather": _gla(intra={"siblings": "gather"}),
         "intra siblings by scratch, 8 warps": _gla(intra={"siblings": "scratch", "num_warps": 8}),
         "intra siblings by scratch, BK 64, 8 warps": _gla(intra={"siblings": "scratch", "BK": 64, "num_warps": 8}),
         "qkg siblings by scratch": _gla(qkg={"siblings": "scratch"}),

@@ -22,9 +22,9 @@ docstring derives it), ``kernels/delta_rule/chunk_kda.py`` and ``kernels/dplr/``
 The sibling totals move rows across the tile. :func:`sibling_total` does it with
 ``tl.gather``; :func:`sibling_total_through` with a store to and a load by row index from
 the program's own scratch tile in global memory, which leaves the operands in their load
-layout (about 6% faster in chunk_gla's and chunk_kda's forward intra kernels on the H100
-while every program took the levels; a config, not the default, since beside the
-one-product branch below Triton 3.6 compiled chunk_kda's kernel wrong with it on sm90:
+layout (chunk_gla's forward intra kernel takes it: with the one-product branch below, 0.58
+against 0.78 ms by gather on the H100; in chunk_kda's intra kernel, beside that branch,
+Triton 3.6 compiled it wrong on sm90, so that kernel gathers:
 ``benchmarks/results/README.md``). Two ``tl.associative_scan`` per level, the
 other gather-free form tried, was 3.6x slower (``benchmarks/level_variants.py``).
 

@@ -149,9 +149,9 @@ grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk
 
 1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
    blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
-   ``e^{G_L}`` (fp32, per chunk) for the state pass. The level sums' sibling totals come
-   from ``tl.gather`` (config ``siblings``; ``"scratch"``: through a float32 ``[BT, BK]``
-   tile per program, ``chunks * H * BT * BK`` floats freed after the launch).
+   ``e^{G_L}`` (fp32, per chunk) for the state pass. The level sums' sibling totals go
+   through a float32 ``[BT, BK]`` scratch tile per program (``chunks * H * BT * BK``
+   floats, freed after the launch) rather than ``tl.gather`` (config ``siblings``).
 2. ``_states_fwd``: grid ``(N * H * cdiv(V, BV),)``; one program per sequence, head and
    block of value channels walks its chunks in order, keeping the ``[K, BV]`` fp32 state
    in registers: nothing but tensor-core products and the decay, with the chunk loads
@@ -687,13 +687,15 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # and register caps or gather-free level sums were slower (benchmarks/results/README.md).
         # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
         # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120).
-        # siblings: the level sums' sibling totals by tl.gather. Through a scratch tile
-        # (kernels/_gate_levels.py) the forward was 0.823 against 0.871 ms (H100) while every
-        # program took the levels; beside the one-product branch, the path realistic gates
-        # take, that form miscompiled in chunk_kda's kernel (Triton 3.6, sm90), so the gather
+        # siblings: the level sums' sibling totals through a scratch tile, not tl.gather
+        # (kernels/_gate_levels.py). The gather, even in the levels branch alone, holds the
+        # operands in its layout across the kernel: with the one-product branch beside it
+        # the forward took 0.776 ms against 0.582 through scratch (H100, same bench size).
+        # Checked at GPU sizes and under memcheck at CPU sizes, fp32 varlen included; in
+        # chunk_kda's kernel the same pairing miscompiled on sm90, so that one gathers.
         "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128),
                       num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1,
-                      siblings="gather"),
+                      siblings="scratch"),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
         # (Triton 3.6, memcheck: the state update's product in _states_fwd); see also
         # _Layout.state_prec
