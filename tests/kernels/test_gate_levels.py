@@ -11,7 +11,8 @@ chunk_kda's prepare and key-gradient kernels, DPLR's ``intra_fwd_kernel`` /
 - One product or the levels (by the gates, per program and key block): at realistic decay
   the one product must agree with the levels to fp32 accuracy, and be a different
   computation (not bitwise equal: it ran); at strong decay the kernels must fall back to
-  the levels (bitwise equal to them), where one product forced on would overflow.
+  the levels (bitwise equal to them), where one product forced on would overflow; with
+  both in one launch, each program takes its own.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def _inputs(op, normaliser=STRONG):
     B, T, H, K, V = 2, 150, 2, 32, 32
     x = {name: torch.randn(B, T, H, K, generator=gen) for name in ("q", "k")}
     x["v"] = torch.randn(B, T, H, V, generator=gen)
-    x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / normaliser
+    # a normaliser per sequence where a tuple is given
+    x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen)) / torch.tensor(
+        normaliser).reshape(-1, 1, 1, 1)
     x["h0"] = torch.randn(B, H, K, V, generator=gen)
     if op in ("chunk_kda", "chunk_dplr_delta_rule"):
         x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
@@ -151,3 +154,21 @@ def test_strong_decay_falls_back_to_levels(op, monkeypatch):
     forced = results["forced"]
     # the guard is what keeps this finite: one product at these gates meets e^{-G} = inf
     assert not all(torch.isfinite(t).all() for t in forced.values()), f"{op}: forced one product stayed finite"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_each_program_takes_its_own_form(op, monkeypatch):
+    """Sequence 0 at strong decay, sequence 1 at realistic decay, in one launch: sequence 0's
+    programs take the levels (bitwise equal to the levels-only run there), sequence 1's the
+    one product (close to that run, and not bitwise equal): the choice is per program."""
+    results = _by_spread(op, (STRONG, REALISTIC), {"default": None, "levels": -1.0}, monkeypatch)
+    differs = False
+    for name, levels in results["levels"].items():
+        one = results["default"][name]
+        if levels.shape[0] != 2:
+            continue  # rwkv6's du [H, K] sums over both sequences
+        assert torch.equal(one[0], levels[0]), f"{op} {name}: the strong-decay sequence left the levels"
+        error = ((one[1] - levels[1]).norm() / levels[1].norm()).item()
+        assert error < 2e-6, f"{op} {name}: one product differs from the levels by {error:.2e} (rel)"
+        differs |= not torch.equal(one[1], levels[1])
+    assert differs, f"{op}: the realistic sequence is bitwise equal to the levels, so it took them too"
