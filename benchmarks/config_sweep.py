@@ -285,10 +285,16 @@ def _patches(patch) -> list:
 
 def apply(op: str, label: str) -> list:
     """Apply a variant's patches; returns what undoes them."""
+    return apply_patches(variants_of(op)[label])
+
+
+def apply_patches(patch) -> list:
+    """Apply ``(module, attr, wrap)`` patches (one or a list): ``attr`` becomes
+    ``wrap(attr)``. Returns what undoes them (``_restore``)."""
     import importlib
 
     undo = []
-    for module, attr, wrap in _patches(variants_of(op)[label]):
+    for module, attr, wrap in _patches(patch):
         mod = importlib.import_module(module)
         base = getattr(mod, attr)
         undo.append((mod, attr, base))

@@ -10,24 +10,24 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 
-def _config(**over) -> str:
-    """Source that replaces fields of the DPLR configs before the op runs."""
-    fields = ", ".join(f"{k}={v!r}" for k, v in over.items())
-    return ("import dataclasses, kernels.dplr.chunk as c; _base = c.choose_configs; "
-            f"c.choose_configs = lambda *a, **k: dataclasses.replace(_base(*a, **k), {fields})")
-
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import config_sweep as sweep  # noqa: E402 - the config patches of the sweep
 
 VARIANTS = {
-    "default": "",  # since the fix: grad BV 32 at V = 64 (kernels/dplr/chunk.py)
-    "grad BV 64 (the fault)": _config(grad_BV=64),
-    "levels always": "import kernels._gate_levels as g; g.SPREAD_BY_WORK.clear()",
-    "intra 16 warps": _config(intra_warps=16),
-    "grad 16 warps": _config(grad_warps=16),
-    "grad BK 64": _config(grad_BK=64),
-    "grad BV 32": _config(grad_BV=32),
-    "grad scratch": _config(grad_siblings="scratch"),
-    "intra BK 64": _config(intra_BK=64),
+    "default": [],  # since the fix: grad BV 32 at V = 64 (kernels/dplr/chunk.py)
+    "grad BV 64 (the fault)": sweep._dplr(grad_BV=64),
+    "levels always": sweep.LEVELS_ALWAYS,
+    "intra 16 warps": sweep._dplr(intra_warps=16),
+    "grad 16 warps": sweep._dplr(grad_warps=16),
+    "grad BK 64": sweep._dplr(grad_BK=64),
+    "grad BV 32": sweep._dplr(grad_BV=32),
+    "grad scratch": sweep._dplr(grad_siblings="scratch"),
+    "intra BK 64": sweep._dplr(intra_BK=64),
 }
+# run first in each child: the variant's patches, before the op's first launch compiles
+SETUP = (f"import sys; sys.path[:0] = [{HERE!r}, '.']; import config_sweep, dplr_fault_probe; "
+         "config_sweep.apply_patches(dplr_fault_probe.VARIANTS[%(name)r])")
 BODY = r'''
 import torch
 from kernels import chunk_dplr_delta_rule
@@ -48,10 +48,11 @@ torch.cuda.synchronize(); print("backward ok", flush=True)
 '''
 
 def one(job):
-    K, name, pre = job
+    K, name = job
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+    source = SETUP % dict(name=name) + "\n" + BODY % dict(K=K, V=K)
     try:
-        r = subprocess.run([sys.executable, "-c", pre + "\n" + BODY % dict(K=K, V=K)], capture_output=True, text=True, env=env, timeout=400)
+        r = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env, timeout=400)
     except subprocess.TimeoutExpired:
         return f"K={K} {name}: timeout"
     tail = (r.stdout + r.stderr).strip().splitlines()
@@ -60,7 +61,7 @@ def one(job):
 
 
 if __name__ == "__main__":
-    jobs = [(K, n, p) for K in (64, 128) for n, p in VARIANTS.items()]
+    jobs = [(K, name) for K in (64, 128) for name in VARIANTS]
     with ThreadPoolExecutor(len(jobs)) as ex:
         for line in ex.map(one, jobs):
             print(line, flush=True)

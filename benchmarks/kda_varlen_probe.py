@@ -3,35 +3,30 @@ the packed run) outside pytest, per variant of the intra kernel, to find what a 
 under the plugin's memcheck run depends on. On the GPU machine, the repo installed:
 
     FLA_SMALL_SHAPES=1 python3 benchmarks/kda_varlen_probe.py <variant> [repeats]
-    # variant: default | gather | scratch | levels | one | warps<N>; FLA_SMALL_SHAPES=1 is
-    # what --fla-sanitizer sets (the specs' CPU sizes); wrap in compute-sanitizer as wanted
+    # variant: a key of VARIANTS; FLA_SMALL_SHAPES=1 is what --fla-sanitizer sets (the
+    # specs' CPU sizes); wrap in compute-sanitizer as wanted
 
 Allocations are poisoned (NaN) as in the test suite.
 """
-import dataclasses
+import os
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import config_sweep as sweep  # noqa: E402 - the config patches of the sweep
 
-
-def apply(variant: str) -> None:
-    """Put the variant's kernel choice in place before the first launch compiles."""
-    import kernels.delta_rule.chunk_kda as kda
-    import kernels._gate_levels as levels
-
-    base = kda.kda_configs
-    if variant in ("gather", "scratch"):
-        kda.kda_configs = lambda *a: dataclasses.replace(base(*a), prepare_siblings=variant)
-    elif variant.startswith("warps"):
-        kda.kda_configs = lambda *a: dataclasses.replace(base(*a), prepare_warps=int(variant[5:]))
-    elif variant == "levels":
-        levels.SPREAD_BY_WORK.clear()
-    elif variant == "one":
-        levels.SPREAD_BY_WORK[torch.float32] = 1e30
-    elif variant != "default":
-        raise SystemExit(f"unknown variant {variant!r}")
+# one product in every program that runs fp32 work, however strong the decay
+ONE_PRODUCT_ALWAYS = ("kernels._gate_levels", "SPREAD_BY_WORK", lambda base: {**base, torch.float32: 1e30})
+VARIANTS = {
+    "default": [],
+    "gather": sweep._kda(prepare_siblings="gather"),
+    "scratch": sweep._kda(prepare_siblings="scratch"),
+    "levels": sweep.LEVELS_ALWAYS,
+    "one": ONE_PRODUCT_ALWAYS,
+    **{f"warps{n}": sweep._kda(prepare_warps=n) for n in (4, 8, 16)},
+}
 
 
 def main(variant: str, repeats: int) -> int:
@@ -41,7 +36,7 @@ def main(variant: str, repeats: int) -> int:
     from pytest_fla.specs import all_specs
 
     utils.POISON_ALLOCATIONS = True  # as the test suite has it (fla_poison)
-    apply(variant)
+    sweep.apply_patches(VARIANTS[variant])
     spec = next(s for s in all_specs() if s.name == "chunk_kda")
     fails = 0
     for packing in packings(spec.chunk_size or 16):
