@@ -155,13 +155,20 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
     rk = empty((B, T, H), torch.float32, dev) if l2norm else None
     if n_chunks > 0:
         through = cfg.prepare_siblings == "scratch"
-        scratch = empty((n_chunks * HV, BT, cfg.prepare_BK), torch.float32, dev) if through else None
-        kda_intra_kernel[(n_chunks * HV,)](
-            q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch, cu_seqlens, chunk_map, T, scale,
-            H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-            L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through, SPREAD=one_product_spread(work),
-            **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg),
-        )
+        n_programs = n_chunks * HV
+        scratch = empty((n_programs, BT, cfg.prepare_BK), torch.float32, dev) if through else None
+        spread = one_product_spread(work)
+        # the one-product launch marks the programs whose gates it cannot take; the levels
+        # launch runs those (all of them where the work dtype never takes one product)
+        levels_needed = empty((n_programs,), torch.int8, dev) if spread >= 0 else None
+        args = (q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch, levels_needed,
+                cu_seqlens, chunk_map, T, scale)
+        meta = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
+                    L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through, SPREAD=spread,
+                    **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg))
+        if levels_needed is not None:
+            kda_intra_kernel[(n_programs,)](*args, ONE_PRODUCT=True, **meta)
+        kda_intra_kernel[(n_programs,)](*args, ONE_PRODUCT=False, **meta)
     h = empty((slots, HV, K, V), work, dev)
     vn = empty((B, T, HV, V), work, dev)
     final_state = empty((num_seqs, HV, K, V), torch.float32, dev) if output_final_state else None

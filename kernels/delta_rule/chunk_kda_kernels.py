@@ -25,22 +25,33 @@ def _unit_rows(x_base, n_valid, H: tl.constexpr, K: tl.constexpr, col0, r, BT: t
 
 @triton.jit
 def kda_intra_kernel(
-    q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch,
+    q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch, levels_needed,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
     L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, STORE_L: tl.constexpr, THROUGH_SCRATCH: tl.constexpr,
-    SPREAD: tl.constexpr,
+    SPREAD: tl.constexpr, ONE_PRODUCT: tl.constexpr,
 ):
-    """One program per (chunk, value head): P, A by the gate levels; L = (I + A)^{-1};
-    q_in, k_out, e^{G_C}; W = L diag(beta) (k ⊙ e^G), U~ = L diag(beta) V. With STORE_L
-    also L and KK = A / beta_i (the backward's dbeta) for the backward. With
-    THROUGH_SCRATCH the level sums' sibling totals go through the program's float32
-    ``[BT, BK]`` tile of ``scratch`` instead of a gather."""
+    """One program per (chunk, value head): P, A; L = (I + A)^{-1}; q_in, k_out, e^{G_C};
+    W = L diag(beta) (k ⊙ e^G), U~ = L diag(beta) V. With STORE_L also L and KK = A / beta_i
+    (the backward's dbeta) for the backward.
+
+    Two launches, one per form of P and A, so that each compiles without the other's
+    registers. ONE_PRODUCT: one product per key block (``kernels/_gate_levels.py``); a
+    program whose gates exceed SPREAD in any key block marks itself in ``levels_needed``
+    (int8, one a program) and stops after the key blocks, its stores to be overwritten.
+    Else the gate levels, in the programs marked (in every program where ``levels_needed``
+    is None); with THROUGH_SCRATCH the level sums' sibling totals go through the program's
+    float32 ``[BT, BK]`` tile of ``scratch`` instead of a gather."""
+    program = tl.program_id(0).to(tl.int64)
+    if not ONE_PRODUCT:
+        if levels_needed is not None:
+            if tl.load(levels_needed + program) == 0:
+                return
     if THROUGH_SCRATCH:
-        scratch += tl.program_id(0).to(tl.int64) * (BT * BK)
+        scratch += program * (BT * BK)
     i_hv, i_h, t0, slot, n_valid, rows, valid = chunk_head_program(
-        tl.program_id(0).to(tl.int64), cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
+        program, cu_seqlens, chunk_map, T, H, HV, BT, IS_VARLEN)
     WT = w.dtype.element_ty  # the work dtype of every intermediate
     qk_base = (t0 * H + i_h) * K
     g_base = (t0 * HV + i_hv) * K
@@ -66,20 +77,24 @@ def kda_intra_kernel(
     b_P = tl.zeros([BT, BT], dtype=tl.float32)
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_self = tl.zeros([BT], dtype=tl.float32)
+    fits_all = tl.full([], 1, tl.int32)
     for i_k in range(tl.cdiv(K, BK)):
         b_q = _unit_rows(q + qk_base, n_valid, H, K, i_k * BK, b_rq, BT, BK)
         b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
         b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
-        G, one_product = one_product_gates(b_g, SPREAD)
-        if one_product:
-            # every |G| <= SPREAD: all pairs in one product of x e^{G} and k e^{-G}; the
-            # pairs i <= j it also forms are masked out below
+        g_total = tl.sum(b_g, axis=0)
+        if ONE_PRODUCT:
+            # all pairs in one product of x e^{G} and k e^{-G}; the pairs i <= j it also
+            # forms are masked out below. e^{G} scales q_in, and k e^{-G} e^{G_C} is k_out
+            G, fits = one_product_gates(b_g, SPREAD)
+            fits_all = tl.minimum(fits_all, fits.to(tl.int32))
             e_row = tl.exp(G)
-            k_left = tl.trans((b_k * tl.exp(-G)).to(WT))
+            k_col = b_k * tl.exp(-G)
+            k_left = tl.trans(k_col.to(WT))
             b_P += mm((b_q * e_row).to(WT), k_left)
             b_A += mm((b_k * e_row).to(WT), k_left)
-            b_L = G
-            b_R = tl.sum(b_g, axis=0)[None, :] - G
+            q_scaled = b_q * e_row
+            k_scaled = k_col * tl.exp(g_total)[None, :]
         else:
             # pairs i > j, level by level: (x_i e^{L_i}) . (k_j e^{R_j}), x = q for P, k for A
             b_L = b_g
@@ -92,12 +107,18 @@ def kda_intra_kernel(
                 b_P += tl.where(pairs, mm(tl.where(right, b_q * factor, 0.0).to(WT), k_left), 0.0)
                 b_A += tl.where(pairs, mm(tl.where(right, b_k * factor, 0.0).to(WT), k_left), 0.0)
                 b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+            # after the last level: L = G, R = G_C - G, each a sum of same-sign gates
+            q_scaled = b_q * tl.exp(b_L)
+            k_scaled = b_k * tl.exp(b_R)
         b_self += tl.sum(b_q * b_k, axis=1)
-        # after the last level: L = G, R = G_C - G, each a sum of same-sign gates
-        rows_tile_store(q_in + g_base, b_q * tl.exp(b_L) * scale, n_valid, HV * K, K, i_k * BK, BT, BK)
-        rows_tile_store(k_out + g_base, b_k * tl.exp(b_R), n_valid, HV * K, K, i_k * BK, BT, BK)
+        rows_tile_store(q_in + g_base, q_scaled * scale, n_valid, HV * K, K, i_k * BK, BT, BK)
+        rows_tile_store(k_out + g_base, k_scaled, n_valid, HV * K, K, i_k * BK, BT, BK)
         cols = i_k * BK + tl.arange(0, BK)
-        tl.store(decay + (slot * HV + i_hv) * K + cols, tl.exp(tl.sum(b_g, axis=0)), mask=cols < K)
+        tl.store(decay + (slot * HV + i_hv) * K + cols, tl.exp(g_total), mask=cols < K)
+    if ONE_PRODUCT:
+        tl.store(levels_needed + program, (1 - fits_all).to(tl.int8))
+        if fits_all == 0:
+            return
 
     causal = (rows[:, None] >= rows[None, :]) & valid[:, None]
     strict = (rows[:, None] > rows[None, :]) & valid[:, None]

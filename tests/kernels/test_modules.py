@@ -242,10 +242,13 @@ def test_conv_batch_shorter_than_the_window():
     )
 
 
-@pytest.mark.parametrize("fwd,bwd", [((3, 1, 8, 1), (2, 1, 8, 1)), ((5, 3, 16, 1), (4, 2, 16, 1))])
+@pytest.mark.parametrize("fwd,bwd", [((3, 1, 8, 1), (2, 1, 8, 1)), ((5, 3, 16, 1), (4, 2, 16, 1)),
+                                     ((4, 0, 8, 1), (2, 1, 8, 1)), ((8, 0, 16, 1), (4, 2, 16, 1))],
+                         ids=["stream-3-rows", "stream-5-rows", "tile-4-rows", "tile-8-rows"])
 def test_conv_streaming_ranges_cross_sequences(monkeypatch, fwd, bwd):
     """Short row ranges per program, so ranges start inside sequences, sequences start
-    inside ranges, and the channel dim spans several blocks."""
+    inside ranges, and the channel dim spans several blocks; in both forward forms (the
+    streaming one, and the tile one: ``AHEAD = 0``)."""
     monkeypatch.setattr(conv_module, "_fwd_config", lambda D: fwd)
     monkeypatch.setattr(conv_module, "_bwd_config", lambda D, W: bwd)
     D, W = 20, 4
