@@ -162,6 +162,15 @@ VARIANTS = {
         "fwd tile 16 rows, 256 channels, 4 warps": _conv(fwd=(16, 0, 2, 4)),
         "fwd tile 32 rows, 512 channels, 8 warps": _conv(fwd=(32, 0, 2, 8)),
         "fwd tile 64 rows, 256 channels, 8 warps": _conv(fwd=(64, 0, 1, 8)),
+        "fwd channels fastest": ("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True),
+        "fwd channels fastest, 8 a thread": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
+                                            + _conv(fwd=(64, 4, 8, 4)),
+        "fwd channels fastest, 32 rows": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
+                                         + _conv(fwd=(32, 4, 4, 4)),
+        "fwd tile 16 rows, 256 channels, channels fastest": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
+                                                            + _conv(fwd=(16, 0, 2, 4)),
+        "fwd tile 32 rows, 512 channels, 4 warps, channels fastest": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
+                                                                     + _conv(fwd=(32, 0, 4, 4)),
         "bwd 8 a thread": _conv(bwd=(128, 4, 8, 4)),
         "bwd ahead 8": _conv(bwd=(128, 8, 4, 4)),
         "bwd 256 rows, ahead 8": _conv(bwd=(256, 8, 4, 4)),
@@ -174,7 +183,7 @@ VARIANTS = {
 }
 VARIANTS["chunk_kda"] = {
     "default": [],
-    "intra 4 warps (before)": _kda(prepare_warps=4),
+    "intra 8 warps (before)": _kda(prepare_warps=8),  # the one-product launch; the levels launch has its own
     "intra siblings by scratch": _kda(prepare_siblings="scratch"),
     "intra siblings by scratch, 16 warps": _kda(prepare_siblings="scratch", prepare_warps=16),
     "grad siblings by scratch": _kda(grad_siblings="scratch"),
@@ -186,6 +195,7 @@ VARIANTS["chunk_kda"] = {
     "grad BK 32, 4 warps": _kda(grad_warps=4),
     "grad BV 32": _kda(grad_BV=32),
     "intra 168 regs": _kda(prepare_maxnreg=168),
+    "intra 4 warps, 128 regs": _kda(prepare_maxnreg=128),
     "intra BK 32, 128 regs": _kda(prepare_BK=32, prepare_maxnreg=128),
     "grad 128 regs": _kda(grad_maxnreg=128),
     "grad 168 regs": _kda(grad_maxnreg=168),

@@ -113,17 +113,29 @@ def _sequence_at(cu_seqlens, t, N, steps):
 
 
 @triton.jit
+def _program_blocks(D, BLOCK_D: tl.constexpr, CHANNELS_FASTEST: tl.constexpr):
+    """``(row block, channel block)`` of this program. CHANNELS_FASTEST: a 1-d grid whose
+    neighbouring programs take the channel blocks of one row block, so the programs in
+    flight read whole rows of memory; else axis 0 the row block, axis 1 the channel block."""
+    if CHANNELS_FASTEST:
+        blocks = tl.cdiv(D, BLOCK_D)
+        return tl.program_id(0) // blocks, tl.program_id(0) % blocks
+    else:
+        return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
 def _stream_setup(weight, bias, cu_seqlens, T, D, N, steps, ranges,
                   W: tl.constexpr, HAS_BIAS: tl.constexpr, VARLEN: tl.constexpr,
-                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+                  ROWS: tl.constexpr, BLOCK_D: tl.constexpr, CHANNELS_FASTEST: tl.constexpr = False):
     """What a streaming program owns: batch row ``b``, rows ``[r0, r1)``, channels ``d``,
     its weight taps and bias as float32, and the sequence ``n`` (with its ``start`` and
     ``end``) holding row ``r0``."""
-    pid = tl.program_id(0)
+    pid, c = _program_blocks(D, BLOCK_D, CHANNELS_FASTEST)
     b = pid // ranges
     r0 = ((pid % ranges) * ROWS).to(tl.int64)
     r1 = tl.minimum(r0 + ROWS, T)
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d = c * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < D
     w = ()
     for i in tl.static_range(W):
@@ -156,12 +168,13 @@ def _conv_fwd_kernel(
     T, D, stride_xb, stride_xt, N, steps, ranges,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
     SILU: tl.constexpr, ROWS: tl.constexpr, AHEAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    CHANNELS_FASTEST: tl.constexpr,
 ):
     """Program ``(b * ranges + r, c)`` streams rows ``[r * ROWS, (r + 1) * ROWS)`` of batch row
     ``b`` for channel block ``c``: the ``W - 1`` previous inputs stay in registers as a
     sliding window, and the next ``AHEAD`` rows are already being loaded."""
     b, r0, r1, d, d_ok, w, bias_row, n, start, end = _stream_setup(
-        weight, bias, cu_seqlens, T, D, N, steps, ranges, W, HAS_BIAS, VARLEN, ROWS, BLOCK_D)
+        weight, bias, cu_seqlens, T, D, N, steps, ranges, W, HAS_BIAS, VARLEN, ROWS, BLOCK_D, CHANNELS_FASTEST)
     x_b = x + b.to(tl.int64) * stride_xb
     y_b = y + b.to(tl.int64) * T * D
     window = _history_rows(x_b, stride_xt, state, r0 - (W - 1), start, end, n, d, d_ok, D, W - 1, W, HAS_STATE)
@@ -189,7 +202,7 @@ def _conv_fwd_tile_kernel(
     x, weight, bias, state, cu_seqlens, y,
     T, D, stride_xb, stride_xt, N, steps, ranges,
     W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
-    SILU: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    SILU: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, CHANNELS_FASTEST: tl.constexpr,
 ):
     """Program ``(b * ranges + r, c)`` computes rows ``[r * ROWS, (r + 1) * ROWS)`` of batch row
     ``b`` for channel block ``c`` as one ``[ROWS, BLOCK_D]`` tile: tap ``i`` is the input tile
@@ -197,11 +210,11 @@ def _conv_fwd_tile_kernel(
     flight at once; the shifted tiles' rows come from the cache but for the ``W - 1`` halo
     rows). Each row finds its own sequence (bisection over ``cu_seqlens``), so a tile may
     hold any number of sequence starts."""
-    pid = tl.program_id(0)
+    pid, c = _program_blocks(D, BLOCK_D, CHANNELS_FASTEST)
     b = pid // ranges
     t = (pid % ranges).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = t < T
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d = c * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < D
     if VARLEN:
         n, _ = _sequence_at(cu_seqlens, t, N, steps)
@@ -412,8 +425,10 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
         args = (x, weight, bias, state_rows, cu_seqlens, y,
                 T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges)
         meta = dict(W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
-                    SILU=silu, ROWS=ROWS, BLOCK_D=BLOCK_D, num_warps=num_warps, **COMPILE_OPTIONS)
-        grid = (B * ranges, _utils.cdiv(D, BLOCK_D))
+                    SILU=silu, ROWS=ROWS, BLOCK_D=BLOCK_D, CHANNELS_FASTEST=FWD_CHANNELS_FASTEST,
+                    num_warps=num_warps, **COMPILE_OPTIONS)
+        blocks = _utils.cdiv(D, BLOCK_D)
+        grid = (B * ranges * blocks,) if FWD_CHANNELS_FASTEST else (B * ranges, blocks)
         if AHEAD:
             _conv_fwd_kernel[grid](*args, AHEAD=AHEAD, **meta)
         else:
@@ -475,6 +490,10 @@ def _backward(grads, saved, x, weight, bias, initial_state, cu_seqlens, cu_seqle
 
 
 CAUSAL_CONV1D = library.register("causal_conv1d", _forward, _backward)
+
+
+# the forward's program order (_program_blocks): the channel blocks of a row block side by side
+FWD_CHANNELS_FASTEST = False
 
 
 def _fwd_config(D: int):

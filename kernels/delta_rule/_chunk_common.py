@@ -91,6 +91,9 @@ class Configs:
     # kernels/_gate_levels.py)
     prepare_siblings: str = "gather"
     grad_siblings: str = "gather"
+    # warps of a gate-level prepare kernel's levels launch (chunk_kda's), where they differ
+    # from its one-product launch's (None: prepare_warps)
+    prepare_levels_warps: Optional[int] = None
 
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:

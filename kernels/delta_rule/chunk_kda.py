@@ -122,16 +122,19 @@ def kda_configs(K: int, V: int, work: torch.dtype) -> Configs:
     """The delta rule's configs (``choose_configs``), with the two gate-level kernels of
     this op given more registers a row: their six levels keep [BT, BK] gate sums, factors
     and operands live beside the [BT, BT] accumulators. On the H100 (B=4 T=4096 H=16
-    K=V=128 bf16, ``benchmarks/config_sweep.py``): ``kda_intra_kernel`` at 4 warps used
-    255 registers and spilled 2.4 KB a thread, forward 3.18 ms; at 8 warps 1.60 ms.
-    ``kda_grad_keys_kernel`` at 32-wide key blocks (twice the programs, half the tiles):
-    forward+backward 7.17 -> 6.82 ms. The level sums' sibling totals come from tl.gather:
-    through a scratch tile (``kernels/_gate_levels.py``) the forward was 1.50 against 1.60
-    ms while every program took the levels, but beside the one-product branch Triton 3.6
-    compiles the intra kernel wrong on sm90 at K = 32 in fp32 without L stored (finite,
-    wrong outputs, no sanitizer report; not with the gather, 4 or 16 warps, or the levels
-    alone: benchmarks/results/README.md), and the branch is the path realistic gates take."""
-    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=8, grad_BK=32)
+    K=V=128 bf16, ``benchmarks/config_sweep.py``): ``kda_intra_kernel`` with the levels at 4
+    warps used 255 registers and spilled 2.4 KB a thread, forward 3.18 ms; at 8 warps 1.60
+    ms, so its levels launch takes 8 warps. Its one-product launch, compiled alone, is
+    fastest at 4 warps (forward 0.874 ms against 0.972 at 8, 1.107 at 16; 1.226 for the one
+    launch holding both forms; results README, eleventh session). ``kda_grad_keys_kernel``
+    at 32-wide key blocks (twice the programs, half the tiles): forward+backward 7.17 ->
+    6.82 ms. The level sums' sibling totals come from tl.gather: through a scratch tile
+    (``kernels/_gate_levels.py``) the forward was 1.50 against 1.60 ms while every program
+    took the levels, but beside the one-product branch Triton 3.6 compiled the intra kernel
+    wrong on sm90 at K = 32 in fp32 without L stored (finite, wrong outputs, no sanitizer
+    report; not with the gather, 4 or 16 warps, or the levels alone:
+    benchmarks/results/README.md)."""
+    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=4, prepare_levels_warps=8, grad_BK=32)
 
 
 def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map, num_seqs,
@@ -164,11 +167,13 @@ def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         args = (q, k, v, g, beta, q_in, k_out, w, u, L, KK, P, decay, rq, rk, scratch, levels_needed,
                 cu_seqlens, chunk_map, T, scale)
         meta = dict(H=H, HV=HV, K=K, V=V, BT=BT, BK=cfg.prepare_BK, BV=cfg.prepare_BV, LEVELS=LEVELS,
-                    L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through, SPREAD=spread,
-                    **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg))
+                    L2NORM=l2norm, IS_VARLEN=varlen, STORE_L=keep, THROUGH_SCRATCH=through, SPREAD=spread)
         if levels_needed is not None:
-            kda_intra_kernel[(n_programs,)](*args, ONE_PRODUCT=True, **meta)
-        kda_intra_kernel[(n_programs,)](*args, ONE_PRODUCT=False, **meta)
+            kda_intra_kernel[(n_programs,)](*args, ONE_PRODUCT=True, **meta,
+                                            **launch_options(cfg.prepare_warps, 1, cfg.prepare_maxnreg))
+        kda_intra_kernel[(n_programs,)](*args, ONE_PRODUCT=False, **meta,
+                                        **launch_options(cfg.prepare_levels_warps or cfg.prepare_warps, 1,
+                                                         cfg.prepare_maxnreg))
     h = empty((slots, HV, K, V), work, dev)
     vn = empty((B, T, HV, V), work, dev)
     final_state = empty((num_seqs, HV, K, V), torch.float32, dev) if output_final_state else None
