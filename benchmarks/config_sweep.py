@@ -162,7 +162,9 @@ VARIANTS = {
         "fwd tile 16 rows, 256 channels, 4 warps": _conv(fwd=(16, 0, 2, 4)),
         "fwd tile 32 rows, 512 channels, 8 warps": _conv(fwd=(32, 0, 2, 8)),
         "fwd tile 64 rows, 256 channels, 8 warps": _conv(fwd=(64, 0, 1, 8)),
-        "fwd channels fastest": ("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True),
+        "fwd rows fastest (before)": ("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: False),
+        "fwd channels fastest, ahead 8": _conv(fwd=(64, 8, 4, 4)),
+        "fwd channels fastest, 128 rows": _conv(fwd=(128, 4, 4, 4)),
         "fwd channels fastest, 8 a thread": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
                                             + _conv(fwd=(64, 4, 8, 4)),
         "fwd channels fastest, 32 rows": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]

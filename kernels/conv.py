@@ -26,13 +26,14 @@ the sequence of its first row by bisection and steps to the next one when a row 
 its end, refilling the window from that sequence's initial state (or zeros). No host
 table is built and the grid depends on ``B``, ``T`` and ``D`` alone.
 
-* ``_conv_fwd_kernel``: grid ``(B * cdiv(T, ROWS), cdiv(D, BLOCK_D))``.
+* ``_conv_fwd_kernel``: grid ``(B * cdiv(T, ROWS) * cdiv(D, BLOCK_D),)``, the channel blocks of
+  a row range side by side (``FWD_CHANNELS_FASTEST``; else ``(B * cdiv(T, ROWS), cdiv(D, BLOCK_D))``).
 * ``_conv_fwd_tile_kernel``: the forward as one ``[ROWS, BLOCK_D]`` tile a program, on the same
   grid: each tap's shifted tile is one load (every byte the program reads in flight at once,
   the shifted rows from the cache), each row bisects for its own sequence. The config
   (``_fwd_config``) picks the form.
 * ``_conv_final_state_kernel``: grid ``(N, cdiv(D, BLOCK_D))``.
-* ``_conv_bwd_kernel``: the same grid as the forward; each program writes ``dx`` for its
+* ``_conv_bwd_kernel``: grid ``(B * cdiv(T, ROWS), cdiv(D, BLOCK_D))``; each program writes ``dx`` for its
   rows and one row of dweight/dbias partial sums (``da`` of its rows times the window),
   which ``_partials.column_sum`` adds up in a fixed order (deterministic, no atomics).
 * ``_conv_initial_state_grad_kernel``: grid ``(N, cdiv(D, BLOCK_D))``, the first
@@ -492,8 +493,11 @@ def _backward(grads, saved, x, weight, bias, initial_state, cu_seqlens, cu_seqle
 CAUSAL_CONV1D = library.register("causal_conv1d", _forward, _backward)
 
 
-# the forward's program order (_program_blocks): the channel blocks of a row block side by side
-FWD_CHANNELS_FASTEST = False
+# the forward's program order (_program_blocks): the channel blocks of a row block side by
+# side. On the H100 (B=8 T=4096 D=4096 W=4 bf16, config_sweep.py) forward 0.234 ms against
+# 0.243 with the row blocks side by side; the tile form, 0.241-0.430 in either order, is not
+# faster (results README, eleventh session)
+FWD_CHANNELS_FASTEST = True
 
 
 def _fwd_config(D: int):
