@@ -403,7 +403,7 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
     return out
 
 
-def kernel_shares(side, calls: int = 5) -> dict:
+def kernel_shares(side, calls: int = 5, top: int = 10) -> dict:
     """Per mode: each GPU kernel's time per call in ms (torch.profiler), largest first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -421,7 +421,7 @@ def kernel_shares(side, calls: int = 5) -> dict:
             total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
             if total:
                 rows.append((event.key[:60], round(total / 1e3 / calls, 4), event.count // calls))
-        shares[mode] = sorted(rows, key=lambda r: -r[1])[:10]
+        shares[mode] = sorted(rows, key=lambda r: -r[1])[:top]
     return shares
 
 
