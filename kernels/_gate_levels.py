@@ -32,7 +32,9 @@ Where the in-chunk cumulative gates are small, none of this is needed: with ever
 ``|G| <= SPREAD`` the textbook factorisation ``(x ⊙ e^{G}) (y ⊙ e^{-G})^T`` neither
 overflows nor loses range, and one tensor-core product covers every pair of the chunk.
 The kernels check this per program and key block (:func:`one_product_gates`) and take the
-levels only where it fails (strong decay, ``-inf`` gates). What the one product costs in
+levels only where it fails (strong decay, ``-inf`` gates); chunk_kda's forward intra kernel
+decides per program, over all its key blocks, in two launches (one per form, each compiled
+without the other's registers: ``kernels/delta_rule/chunk_kda_kernels.py``). What the one product costs in
 accuracy: ``e^{G_i} e^{-G_j}`` carries the rounding of ``G`` at its own size, about
 ``|G| u32`` relative (the levels carry it at the size of ``G_i - G_j``), so :data:`SPREAD_BY_WORK`
 is 40 for 16-bit work (``6e-8 * 40`` is nothing next to bf16's ``4e-3``; ``e^{40} |y|``

@@ -427,13 +427,13 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
                 T, D, *_row_strides(x), num_sequences, search_steps(num_sequences), ranges)
         meta = dict(W=W, HAS_BIAS=bias is not None, HAS_STATE=initial_state is not None, VARLEN=varlen,
                     SILU=silu, ROWS=ROWS, BLOCK_D=BLOCK_D, CHANNELS_FASTEST=FWD_CHANNELS_FASTEST,
-                    num_warps=num_warps, **COMPILE_OPTIONS)
+                    num_warps=num_warps)
         blocks = _utils.cdiv(D, BLOCK_D)
         grid = (B * ranges * blocks,) if FWD_CHANNELS_FASTEST else (B * ranges, blocks)
         if AHEAD:
-            _conv_fwd_kernel[grid](*args, AHEAD=AHEAD, **meta)
+            _conv_fwd_kernel[grid](*args, AHEAD=AHEAD, **meta, **COMPILE_OPTIONS)
         else:
-            _conv_fwd_tile_kernel[grid](*args, **meta)
+            _conv_fwd_tile_kernel[grid](*args, **meta, **COMPILE_OPTIONS)
     final_state = None
     if output_final_state:
         final_state = _utils.empty((num_sequences, D, W - 1), torch.float32, x.device)

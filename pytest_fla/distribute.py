@@ -10,6 +10,7 @@ One target and ``-n auto``: one worker per visible GPU, each pinned to its GPU t
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -111,12 +112,19 @@ BATCH_LIMIT = 24
 # are merged across ops, in the order collected, into batches of up to SMALL_BATCH.
 SMALL_GROUP = 4
 SMALL_BATCH = 8
+# With --fla-durations, a batch also ends before its recorded seconds pass this: a check
+# whose tests are each slow (chunk_kda's varlen checks under memcheck, about 49 s each on
+# the H100 once its intra kernel compiled in two forms) goes to several children, where one
+# child running all ten kept the run going after every other batch had finished.
+BATCH_SECONDS = 120.0
 
 
-def batch_keys(nodeids: list[str], granularity: str) -> dict[str, str]:
+def batch_keys(nodeids: list[str], granularity: str, seconds: dict[str, float] | None = None) -> dict[str, str]:
     """nodeid -> the batch it runs in: its module (``module``), or its test function and
     first parameter, in runs of at most BATCH_LIMIT tests, small groups of one function
-    merged across parameters (``batch``)."""
+    merged across parameters in runs of at most SMALL_BATCH (``batch``); where ``seconds``
+    records them (``recorded_seconds``), a run also ends before BATCH_SECONDS. Tests not
+    recorded count nothing toward it."""
     if granularity == "module":
         return {nodeid: nodeid.partition("::")[0] for nodeid in nodeids}
     groups: dict[str, list[str]] = {}
@@ -128,14 +136,33 @@ def batch_keys(nodeids: list[str], granularity: str) -> dict[str, str]:
     keys, small = {}, {}  # small: function -> its small groups' tests, in order
     for group, members in groups.items():
         if len(members) >= SMALL_GROUP:
-            keys.update({nodeid: f"{group}#{i // BATCH_LIMIT}" for i, nodeid in enumerate(members)})
+            keys.update({nodeid: f"{group}#{part}" for nodeid, part in _runs(members, BATCH_LIMIT, seconds or {})})
         else:
             small.setdefault(group.partition("[")[0], []).extend(members)
     for function, members in small.items():
-        keys.update({nodeid: f"{function}[small]#{i // SMALL_BATCH}" for i, nodeid in enumerate(members)})
+        keys.update({nodeid: f"{function}[small]#{part}" for nodeid, part in _runs(members, SMALL_BATCH, seconds or {})})
     return keys
 
 
+def _runs(members: list[str], limit: int, seconds: dict[str, float]):
+    """``(nodeid, run index)``: consecutive runs of at most ``limit`` tests and, past their
+    first test, BATCH_SECONDS recorded seconds."""
+    part, count, total = 0, 0, 0.0
+    for nodeid in members:
+        cost = seconds.get(nodeid, 0.0)
+        if count and (count == limit or total + cost > BATCH_SECONDS):
+            part, count, total = part + 1, 0, 0.0
+        count, total = count + 1, total + cost
+        yield nodeid, part
+
+
+def durations_of(config) -> dict[str, float] | None:
+    """The recorded seconds of ``--fla-durations`` (None without it), read once a process."""
+    path = config.getoption("fla_durations", None)
+    return recorded_seconds(path) if path else None
+
+
+@functools.lru_cache(maxsize=4)
 def recorded_seconds(path: str) -> dict[str, float]:
     """nodeid -> the seconds an earlier run's ``--fla-report`` gives it: its child processes'
     wall time where it ran isolated (start-up and the tool's runs included), else its own.
@@ -191,7 +218,7 @@ def batch_scheduler(config, log, granularity: str):
 
         def _split_scope(self, nodeid: str) -> str:
             if not self.keys and self.collection:
-                self.keys = batch_keys(list(self.collection), granularity)
+                self.keys = batch_keys(list(self.collection), granularity, durations_of(config))
             return self.keys.get(nodeid) or batch_keys([nodeid], granularity)[nodeid]
 
     return BatchScheduling(config, log)

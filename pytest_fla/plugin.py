@@ -357,8 +357,9 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
     if config.option.fla_durations:
         granularity = state.isolate if state.isolate in ("batch", "module") else "test"
-        keys = distribute.batch_keys([i.nodeid for i in keep], granularity) if granularity != "test" else {}
-        keep = distribute.longest_first(keep, keys, distribute.recorded_seconds(config.option.fla_durations))
+        seconds = distribute.durations_of(config)
+        keys = distribute.batch_keys([i.nodeid for i in keep], granularity, seconds) if granularity != "test" else {}
+        keep = distribute.longest_first(keep, keys, seconds)
     if state.role == "worker":  # a pytest started by a worker's test inherits the variable too
         keep, others = distribute.my_share(keep)
         if others:
@@ -427,7 +428,8 @@ def _batch(item, nextitem, state) -> list:
 
     items = item.session.items
     if state.batch_keys is None:
-        state.batch_keys = distribute.batch_keys([i.nodeid for i in items], state.isolate)
+        state.batch_keys = distribute.batch_keys([i.nodeid for i in items], state.isolate,
+                                                 distribute.durations_of(item.config))
     key = state.batch_keys.get(item.nodeid)
     queued = distribute.queued_here(item.session)
     return [item] + [

@@ -40,12 +40,14 @@ gate-level recursion (``kernels/_gate_levels.py``): six levels, each a tensor-co
 product of ``x ⊙ e^{L}`` (right rows) and ``k ⊙ e^{R}`` (left rows), ``L, R <= 0`` sums of
 same-sign gates. The recursion also yields ``L = G`` and ``R = G_C - G`` for ``q_in`` and
 ``k_out``; ``e^{G_C}``, ``e^G`` are exponents ``<= 0`` too. No exponent is ever positive
-on that path. Where a program's key block has every ``|G|`` within the one-product limit
+on that path. Where every ``|G|`` is within the one-product limit
 (``kernels/_gate_levels.py``: the factorisation is safe there), one product of
-``x ⊙ e^{G}`` and ``k ⊙ e^{-G}`` replaces the six, forward and backward.
+``x ⊙ e^{G}`` and ``k ⊙ e^{-G}`` replaces the six, forward (per program, over all its key
+blocks) and backward (per program and key block).
 
-Launches: ``kda_intra_kernel`` (chunk-parallel: rq, rk, P, A, L, q_in, k_out, e^{G_C}, W,
-U~), the delta rule's ``state_pass_kernel`` with ``CHANNEL_DECAY`` (sequential over
+Launches: ``kda_intra_kernel`` twice (chunk-parallel: rq, rk, P, A, L, q_in, k_out, e^{G_C},
+W, U~; first in one-product form, marking the programs it cannot take, then in the levels
+form for those), the delta rule's ``state_pass_kernel`` with ``CHANNEL_DECAY`` (sequential over
 chunks: h per chunk and U), its ``output_kernel`` with ``GIVEN_P``.
 
 Backward

@@ -164,6 +164,63 @@ def test_durations_run_the_longest_batches_first(pytester, monkeypatch, how):
     assert log.read_text().split() == ["slow-a", "slow-b", "unrecorded", "quick-a", "quick-b"]
 
 
+def test_recorded_seconds_split_a_slow_check_into_batches():
+    """A check's tests go in runs of BATCH_SECONDS recorded seconds (one test that alone
+    passes it still makes a batch), and so do the small groups merged across ops; unrecorded
+    tests count nothing, so without durations the batches are as before."""
+    from pytest_fla import distribute
+
+    ids = [f"t.py::test_varlen[op-{i}]" for i in range(6)]
+    limit = distribute.BATCH_SECONDS
+    assert len(set(distribute.batch_keys(ids, "batch").values())) == 1
+    assert len(set(distribute.batch_keys(ids, "batch", {}).values())) == 1
+    keys = distribute.batch_keys(ids, "batch", {nodeid: 0.4 * limit for nodeid in ids})
+    assert [keys[i] for i in ids] == [f"t.py::test_varlen[op]#{k}" for k in (0, 0, 1, 1, 2, 2)]
+    keys = distribute.batch_keys(ids, "batch", {ids[0]: 2 * limit, ids[1]: 0.5 * limit})
+    assert [keys[i][-1] for i in ids] == ["0", "1", "1", "1", "1", "1"]
+    small = [f"t.py::test_huge_grid[op{i}]" for i in range(4)]  # one test per op: merged
+    assert len(set(distribute.batch_keys(small, "batch").values())) == 1
+    keys = distribute.batch_keys(small, "batch", {nodeid: 0.6 * limit for nodeid in small})
+    assert len(set(keys.values())) == 4
+
+
+SPLIT_PROJECT = """
+import os, pytest
+
+@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("op", ["a"])
+def test_slow(op, case):
+    with open(os.environ["FLA_TEST_RUN_LOG"], "a") as f:
+        f.write(f"{case} {os.getpid()}\\n")
+"""
+
+
+def test_recorded_seconds_put_a_slow_check_in_several_children(pytester, monkeypatch):
+    """End to end: the four tests of one check run in one child without durations, and in
+    two (two tests each) when an earlier run recorded them at 0.4 BATCH_SECONDS apiece."""
+    import json
+
+    from pytest_fla import distribute
+
+    log = pytester.path / "runs.log"
+    monkeypatch.setenv("FLA_TEST_RUN_LOG", str(log))
+    pytester.makepyfile(test_split=SPLIT_PROJECT)
+    recorded = {"tests": [{"nodeid": f"test_split.py::test_slow[a-{i}]", "process_seconds": 0.4 * distribute.BATCH_SECONDS}
+                          for i in range(4)]}
+    (pytester.path / "durations.json").write_text(json.dumps(recorded))
+
+    def children(*extra):
+        log.unlink(missing_ok=True)
+        run(pytester, "--fla-isolate=batch", "-p", "no:xdist", *extra).assert_outcomes(passed=4)
+        pids = dict(line.split() for line in log.read_text().splitlines())
+        return [pids[str(i)] for i in range(4)]
+
+    pids = children()
+    assert len(set(pids)) == 1
+    pids = children("--fla-durations=durations.json")
+    assert pids[0] == pids[1] and pids[2] == pids[3] and pids[0] != pids[2]
+
+
 def test_durations_that_cannot_be_read_are_a_usage_error(pytester):
     pytester.makepyfile(test_order=ORDER_PROJECT)
     result = run(pytester, "--fla-durations=missing.json", "-p", "no:xdist")
