@@ -89,11 +89,11 @@ def kda_intra_kernel(
             G, fits = one_product_gates(b_g, SPREAD)
             fits_all = tl.minimum(fits_all, fits.to(tl.int32))
             e_row = tl.exp(G)
+            q_scaled = b_q * e_row
             k_col = b_k * tl.exp(-G)
             k_left = tl.trans(k_col.to(WT))
-            b_P += mm((b_q * e_row).to(WT), k_left)
+            b_P += mm(q_scaled.to(WT), k_left)
             b_A += mm((b_k * e_row).to(WT), k_left)
-            q_scaled = b_q * e_row
             k_scaled = k_col * tl.exp(g_total)[None, :]
         else:
             # pairs i > j, level by level: (x_i e^{L_i}) . (k_j e^{R_j}), x = q for P, k for A
