@@ -155,24 +155,9 @@ VARIANTS = {
         "fwd 128 rows, ahead 8": _conv(fwd=(128, 8, 4, 4)),
         "fwd 8 warps": _conv(fwd=(64, 4, 4, 8)),
         "fwd 2 a thread, ahead 8": _conv(fwd=(64, 8, 2, 4)),
-        # the tile form (AHEAD 0: kernels/conv.py, _conv_fwd_tile_kernel); "a thread" sets BLOCK_D
-        "fwd tile 64 rows, 128 channels, 4 warps": _conv(fwd=(64, 0, 1, 4)),
-        "fwd tile 32 rows, 256 channels, 4 warps": _conv(fwd=(32, 0, 2, 4)),
-        "fwd tile 16 rows, 512 channels, 4 warps": _conv(fwd=(16, 0, 4, 4)),
-        "fwd tile 16 rows, 256 channels, 4 warps": _conv(fwd=(16, 0, 2, 4)),
-        "fwd tile 32 rows, 512 channels, 8 warps": _conv(fwd=(32, 0, 2, 8)),
-        "fwd tile 64 rows, 256 channels, 8 warps": _conv(fwd=(64, 0, 1, 8)),
         "fwd rows fastest (before)": ("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: False),
-        "fwd channels fastest, ahead 8": _conv(fwd=(64, 8, 4, 4)),
-        "fwd channels fastest, 128 rows": _conv(fwd=(128, 4, 4, 4)),
-        "fwd channels fastest, 8 a thread": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
-                                            + _conv(fwd=(64, 4, 8, 4)),
-        "fwd channels fastest, 32 rows": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
-                                         + _conv(fwd=(32, 4, 4, 4)),
-        "fwd tile 16 rows, 256 channels, channels fastest": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
-                                                            + _conv(fwd=(16, 0, 2, 4)),
-        "fwd tile 32 rows, 512 channels, 4 warps, channels fastest": [("kernels.conv", "FWD_CHANNELS_FASTEST", lambda base: True)]
-                                                                     + _conv(fwd=(32, 0, 4, 4)),
+        "fwd 128 rows": _conv(fwd=(128, 4, 4, 4)),
+        "fwd 32 rows": _conv(fwd=(32, 4, 4, 4)),
         "bwd 8 a thread": _conv(bwd=(128, 4, 8, 4)),
         "bwd ahead 8": _conv(bwd=(128, 8, 4, 4)),
         "bwd 256 rows, ahead 8": _conv(bwd=(256, 8, 4, 4)),

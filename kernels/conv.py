@@ -28,10 +28,6 @@ table is built and the grid depends on ``B``, ``T`` and ``D`` alone.
 
 * ``_conv_fwd_kernel``: grid ``(B * cdiv(T, ROWS) * cdiv(D, BLOCK_D),)``, the channel blocks of
   a row range side by side (``FWD_CHANNELS_FASTEST``; else ``(B * cdiv(T, ROWS), cdiv(D, BLOCK_D))``).
-* ``_conv_fwd_tile_kernel``: the forward as one ``[ROWS, BLOCK_D]`` tile a program, on the same
-  grid: each tap's shifted tile is one load (every byte the program reads in flight at once,
-  the shifted rows from the cache), each row bisects for its own sequence. The config
-  (``_fwd_config``) picks the form.
 * ``_conv_final_state_kernel``: grid ``(N, cdiv(D, BLOCK_D))``.
 * ``_conv_bwd_kernel``: grid ``(B * cdiv(T, ROWS), cdiv(D, BLOCK_D))``; each program writes ``dx`` for its
   rows and one row of dweight/dbias partial sums (``da`` of its rows times the window),
@@ -196,54 +192,6 @@ def _conv_fwd_kernel(
             acc = acc * tl.sigmoid(acc)
         tl.store(y_b + t * D + d, acc.to(y.dtype.element_ty), mask=d_ok)
         window = _shift_in(window, xt, W - 1)
-
-
-@triton.jit
-def _conv_fwd_tile_kernel(
-    x, weight, bias, state, cu_seqlens, y,
-    T, D, stride_xb, stride_xt, N, steps, ranges,
-    W: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
-    SILU: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, CHANNELS_FASTEST: tl.constexpr,
-):
-    """Program ``(b * ranges + r, c)`` computes rows ``[r * ROWS, (r + 1) * ROWS)`` of batch row
-    ``b`` for channel block ``c`` as one ``[ROWS, BLOCK_D]`` tile: tap ``i`` is the input tile
-    shifted by ``W - 1 - i`` rows, each a whole-tile load (every load of the program is in
-    flight at once; the shifted tiles' rows come from the cache but for the ``W - 1`` halo
-    rows). Each row finds its own sequence (bisection over ``cu_seqlens``), so a tile may
-    hold any number of sequence starts."""
-    pid, c = _program_blocks(D, BLOCK_D, CHANNELS_FASTEST)
-    b = pid // ranges
-    t = (pid % ranges).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_ok = t < T
-    d = c * BLOCK_D + tl.arange(0, BLOCK_D)
-    d_ok = d < D
-    if VARLEN:
-        n, _ = _sequence_at(cu_seqlens, t, N, steps)
-        start = tl.load(cu_seqlens + n).to(tl.int64)
-    else:
-        n = b.to(tl.int64) + t * 0
-        start = t * 0
-    x_b = x + b.to(tl.int64) * stride_xb
-    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(bias + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    for i in tl.static_range(W):
-        q = t - (W - 1 - i)  # the input row of tap i
-        inside = (q >= start) & row_ok
-        v = tl.load(x_b + q[:, None] * stride_xt + d[None, :], mask=inside[:, None] & d_ok[None, :], other=0.0)
-        v = v.to(tl.float32)
-        if HAS_STATE:
-            if i < W - 1:
-                # before the sequence: its initial state's entry q - start + W - 1 (in 0 .. W - 2)
-                before = (q < start) & row_ok
-                slot = n * (W - 1) + q - start + W - 1
-                v += tl.load(state + slot[:, None] * D + d[None, :], mask=before[:, None] & d_ok[None, :], other=0.0)
-        w_i = tl.load(weight + d * W + i, mask=d_ok, other=0.0).to(tl.float32)
-        acc += w_i[None, :] * v
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    y_b = y + b.to(tl.int64) * T * D
-    tl.store(y_b + t[:, None] * D + d[None, :], acc.to(y.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -430,10 +378,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
                     num_warps=num_warps)
         blocks = _utils.cdiv(D, BLOCK_D)
         grid = (B * ranges * blocks,) if FWD_CHANNELS_FASTEST else (B * ranges, blocks)
-        if AHEAD:
-            _conv_fwd_kernel[grid](*args, AHEAD=AHEAD, **meta, **COMPILE_OPTIONS)
-        else:
-            _conv_fwd_tile_kernel[grid](*args, **meta, **COMPILE_OPTIONS)
+        _conv_fwd_kernel[grid](*args, AHEAD=AHEAD, **meta, **COMPILE_OPTIONS)
     final_state = None
     if output_final_state:
         final_state = _utils.empty((num_sequences, D, W - 1), torch.float32, x.device)
@@ -495,15 +440,15 @@ CAUSAL_CONV1D = library.register("causal_conv1d", _forward, _backward)
 
 # the forward's program order (_program_blocks): the channel blocks of a row block side by
 # side. On the H100 (B=8 T=4096 D=4096 W=4 bf16, config_sweep.py) forward 0.234 ms against
-# 0.243 with the row blocks side by side; the tile form, 0.241-0.430 in either order, is not
-# faster (results README, eleventh session)
+# 0.243 with the row blocks side by side; a tile form (each tap's shifted [ROWS, BLOCK_D]
+# tile one load), 0.241-0.430 in either order, was not faster and was dropped (results
+# README, eleventh session)
 FWD_CHANNELS_FASTEST = True
 
 
 def _fwd_config(D: int):
     """(ROWS, AHEAD, BLOCK_D, num_warps): 4 channels a thread, 64 rows a program, 4 rows
-    in flight per thread (enough bytes in flight to cover DRAM latency). ``AHEAD = 0``
-    takes the tile form (``_conv_fwd_tile_kernel``) instead of the streaming one."""
+    in flight per thread (enough bytes in flight to cover DRAM latency)."""
     num_warps = 4 if D >= 512 else 1
     return 64, 4, min(4 * 32 * num_warps, triton.next_power_of_2(D)), num_warps
 
