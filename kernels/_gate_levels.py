@@ -97,6 +97,23 @@ def next_level_sums(L, R, right, level, BT: tl.constexpr, BD: tl.constexpr, scra
 
 
 @triton.jit
+def next_level_sums_with_exclusive(L, Lx, R, right, level, BT: tl.constexpr, BD: tl.constexpr, scratch=None,
+                                   THROUGH_SCRATCH: tl.constexpr = False):
+    """:func:`next_level_sums` also carrying ``Lx = L - g`` beside ``L`` (dplr: the rows of
+    ``a`` read the state before their own step while ``q`` reads it after): a right block's
+    sibling total goes to both."""
+    total = sibling_totals(L, right, level, BT, BD, scratch, THROUGH_SCRATCH)
+    return L + tl.where(right, total, 0.0), Lx + tl.where(right, total, 0.0), R + tl.where(right, 0.0, total)
+
+
+@triton.jit
+def sums_after(g, G):
+    """``G_C - G`` for ``G = cumsum(g)`` over the chunk: each row's sum of ``g`` over the rows
+    after it, which is ``R`` after the last level (the one-product form's column side)."""
+    return tl.sum(g, axis=0)[None, :] - G
+
+
+@triton.jit
 def next_level_sums_exclusive(X, R, g, right, level, BT: tl.constexpr, BD: tl.constexpr, scratch=None,
                               THROUGH_SCRATCH: tl.constexpr = False):
     """:func:`next_level_sums` with the right rows' sums exclusive of their own row:

@@ -19,7 +19,8 @@ Backward, with ``da_t = dy_t * act'(a_t)`` (``act' = s (1 + a (1 - s))`` for sil
 Kernels. The long kernels stream: program ``(b * ranges + r, c)`` owns channel block ``c``
 (4 channels a thread) and rows ``[r * ROWS, (r + 1) * ROWS)`` of batch row ``b`` and walks
 them one row at a time, keeping the last ``W - 1`` inputs (and, backward, the last
-``W - 1`` values of ``da``) in registers and loading ``AHEAD`` rows early, so every input
+``W - 1`` values of ``da``) in registers and taking rows ``AHEAD`` at a time, the next
+group's loads issued before the current group is computed, so every input
 row is read from memory once (plus ``W - 1`` halo rows a range) and no tile is re-read
 through the cache. Under ``cu_seqlens`` a range may cross sequences: the program finds
 the sequence of its first row by bisection and steps to the next one when a row reaches
@@ -78,6 +79,18 @@ def _shift_in(items, new, LENGTH: tl.constexpr):
 @triton.jit
 def _load_row(base, row, stride, d, ok):
     return tl.load(base + row * stride + d, mask=ok, other=0.0)  # rows are int64 here
+
+
+@triton.jit
+def _load_rows(base, first, stop, stride, d, d_ok, COUNT: tl.constexpr):
+    """Rows ``first .. first + COUNT - 1`` (zero from ``stop`` on) as a tuple, loaded as they
+    are: the streaming loops take their rows a group of ``COUNT`` at a time, issuing the next
+    group's loads before computing the current one. (A queue shifted by one row an iteration
+    compiles to register moves that wait on the load just issued, one row in flight a thread.)"""
+    rows = ()
+    for k in tl.static_range(COUNT):
+        rows = rows + (_load_row(base, first + k, stride, d, tl.where(first + k < stop, d_ok, False)),)
+    return rows
 
 
 @triton.jit
@@ -160,6 +173,24 @@ def _advance(cu_seqlens, row, n, end):
 
 
 @triton.jit
+def _enter_sequence(cu_seqlens, x_b, stride_xt, state, row, n, end, d, d_ok, D, W: tl.constexpr, HAS_STATE: tl.constexpr):
+    """At ``row``, the first row of a sequence after ``n``: that sequence's ``(n, end)`` and the
+    window before its first row (its initial state, or zeros)."""
+    n, end = _advance(cu_seqlens, row, n, end)
+    window = _history_rows(x_b, stride_xt, state, row - (W - 1), row, end, n, d, d_ok, D, W - 1, W, HAS_STATE)
+    return n, end, window
+
+
+@triton.jit
+def _preactivation(bias_row, w, window, x_row, W: tl.constexpr):
+    """``a_t = bias + sum_i w_i v_{t - W + 1 + i}`` from the window before row ``t`` and its input."""
+    acc = bias_row + w[W - 1] * x_row
+    for i in tl.static_range(W - 1):
+        acc += w[i] * window[i]
+    return acc
+
+
+@triton.jit
 def _conv_fwd_kernel(
     x, weight, bias, state, cu_seqlens, y,
     T, D, stride_xb, stride_xt, N, steps, ranges,
@@ -169,29 +200,28 @@ def _conv_fwd_kernel(
 ):
     """Program ``(b * ranges + r, c)`` streams rows ``[r * ROWS, (r + 1) * ROWS)`` of batch row
     ``b`` for channel block ``c``: the ``W - 1`` previous inputs stay in registers as a
-    sliding window, and the next ``AHEAD`` rows are already being loaded."""
+    sliding window, and the next ``AHEAD`` rows are being loaded while ``AHEAD`` are computed."""
     b, r0, r1, d, d_ok, w, bias_row, n, start, end = _stream_setup(
         weight, bias, cu_seqlens, T, D, N, steps, ranges, W, HAS_BIAS, VARLEN, ROWS, BLOCK_D, CHANNELS_FASTEST)
     x_b = x + b.to(tl.int64) * stride_xb
     y_b = y + b.to(tl.int64) * T * D
     window = _history_rows(x_b, stride_xt, state, r0 - (W - 1), start, end, n, d, d_ok, D, W - 1, W, HAS_STATE)
-    queue = ()
-    for k in tl.static_range(AHEAD):
-        queue = queue + (_load_row(x_b, r0 + k, stride_xt, d, tl.where(r0 + k < r1, d_ok, False)),)
-    for t in range(r0, r1):
-        if VARLEN:
-            if t >= end:  # the first row of a new sequence
-                n, end = _advance(cu_seqlens, t, n, end)
-                window = _history_rows(x_b, stride_xt, state, t - (W - 1), t, end, n, d, d_ok, D, W - 1, W, HAS_STATE)
-        xt = queue[0].to(tl.float32)
-        queue = _shift_in(queue, _load_row(x_b, t + AHEAD, stride_xt, d, tl.where(t + AHEAD < r1, d_ok, False)), AHEAD)
-        acc = bias_row + w[W - 1] * xt
-        for i in tl.static_range(W - 1):
-            acc += w[i] * window[i]
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
-        tl.store(y_b + t * D + d, acc.to(y.dtype.element_ty), mask=d_ok)
-        window = _shift_in(window, xt, W - 1)
+    group = _load_rows(x_b, r0, r1, stride_xt, d, d_ok, AHEAD)
+    for t0 in range(r0, r1, AHEAD):
+        # the next group's loads go out before this group is computed (see _load_rows)
+        ahead = _load_rows(x_b, t0 + AHEAD, r1, stride_xt, d, d_ok, AHEAD)
+        for k in tl.static_range(AHEAD):
+            t = t0 + k
+            if VARLEN:
+                if (t >= end) & (t < r1):  # the first row of a new sequence
+                    n, end, window = _enter_sequence(cu_seqlens, x_b, stride_xt, state, t, n, end, d, d_ok, D, W, HAS_STATE)
+            xt = group[k].to(tl.float32)
+            acc = _preactivation(bias_row, w, window, xt, W)
+            if SILU:
+                acc = acc * tl.sigmoid(acc)
+            tl.store(y_b + t * D + d, acc.to(y.dtype.element_ty), mask=tl.where(t < r1, d_ok, False))
+            window = _shift_in(window, xt, W - 1)
+        group = ahead
 
 
 @triton.jit
@@ -235,7 +265,7 @@ def _conv_bwd_kernel(
     ``a_j`` recomputed from the window ``v_{j-W+1} .. v_j``), then
     ``dx_q = sum_i w_i da_{j-i}`` for ``q = j - W + 1``, dropping ``da_t`` of rows past the end
     of ``q``'s sequence. The window and the last ``W`` values of ``da`` slide in registers;
-    ``x`` and ``dy`` rows are loaded ``AHEAD`` rows early.
+    ``x`` and ``dy`` rows are loaded a group of ``AHEAD`` ahead.
     """
     b, r0, r1, d, d_ok, w, bias_row, n_j, start_j, end_j = _stream_setup(
         weight, bias, cu_seqlens, T, D, N, steps, ranges, W, HAS_BIAS, VARLEN, ROWS, BLOCK_D)
@@ -254,47 +284,44 @@ def _conv_bwd_kernel(
     history = ()  # da of the W - 1 rows before j; rows before r0 never reach a dx written here
     for k in tl.static_range(W - 1):
         history = history + (tl.zeros([BLOCK_D], dtype=tl.float32),)
-    x_queue = ()
-    dy_queue = ()
-    for k in tl.static_range(AHEAD):
-        ok = tl.where(r0 + k < last, d_ok, False)
-        x_queue = x_queue + (_load_row(x_b, r0 + k, stride_xt, d, ok),)
-        dy_queue = dy_queue + (_load_row(dy_b, r0 + k, stride_dyt, d, ok),)
-    for j in range(r0, r1 + W - 1):
-        if VARLEN:
-            if (j >= end_j) & (j < T):  # the first row of a new sequence
-                n_j, end_j = _advance(cu_seqlens, j, n_j, end_j)
-                window = _history_rows(x_b, stride_xt, state, j - (W - 1), j, end_j, n_j, d, d_ok, D, W - 1, W, HAS_STATE)
-        xj = x_queue[0].to(tl.float32)
-        g = dy_queue[0].to(tl.float32)  # zero for rows j >= T
-        ahead_ok = tl.where(j + AHEAD < last, d_ok, False)
-        x_queue = _shift_in(x_queue, _load_row(x_b, j + AHEAD, stride_xt, d, ahead_ok), AHEAD)
-        dy_queue = _shift_in(dy_queue, _load_row(dy_b, j + AHEAD, stride_dyt, d, ahead_ok), AHEAD)
-        if SILU:
-            a = bias_row + w[W - 1] * xj
-            for i in tl.static_range(W - 1):
-                a += w[i] * window[i]
-            g = g * _silu_slope(a)
-        if j < r1:
-            new_dw = ()
-            for i in tl.static_range(W - 1):
-                new_dw = new_dw + (acc_dw[i] + g * window[i],)
-            acc_dw = new_dw + (acc_dw[W - 1] + g * xj,)
-            acc_db += g
-        q = j - (W - 1)
-        if q >= r0:
+    x_group = _load_rows(x_b, r0, last, stride_xt, d, d_ok, AHEAD)
+    dy_group = _load_rows(dy_b, r0, last, stride_dyt, d, d_ok, AHEAD)
+    for j0 in range(r0, r1 + W - 1, AHEAD):
+        x_ahead = _load_rows(x_b, j0 + AHEAD, last, stride_xt, d, d_ok, AHEAD)
+        dy_ahead = _load_rows(dy_b, j0 + AHEAD, last, stride_dyt, d, d_ok, AHEAD)
+        for k in tl.static_range(AHEAD):
+            # rows j past the loop's end (the group's tail) load zeros and write nothing
+            j = j0 + k
             if VARLEN:
-                n_q, end_q = _advance(cu_seqlens, q, n_q, end_q)
-            # dx_q = sum_i w_i da_{q + W - 1 - i}; history[k] = da_{q + k}, da_j = g
-            grad = tl.where(j < end_q, w[0] * g, 0.0)
-            for k in tl.static_range(W - 1):
-                grad += tl.where(q + k < end_q, w[W - 1 - k] * history[k], 0.0)
-            if HAS_DFINAL:
-                k_final = q - (end_q - (W - 1))
-                grad += tl.load(dfinal + (n_q * (W - 1) + k_final) * D + d, mask=tl.where(k_final >= 0, d_ok, False), other=0.0)
-            tl.store(dx_b + q * D + d, grad.to(dx.dtype.element_ty), mask=d_ok)
-        history = _shift_in(history, g, W - 1)
-        window = _shift_in(window, xj, W - 1)
+                if (j >= end_j) & (j < last):  # the first row of a new sequence
+                    n_j, end_j, window = _enter_sequence(cu_seqlens, x_b, stride_xt, state, j, n_j, end_j, d, d_ok, D,
+                                                         W, HAS_STATE)
+            xj = x_group[k].to(tl.float32)
+            g = dy_group[k].to(tl.float32)  # zero for rows j >= T
+            if SILU:
+                g = g * _silu_slope(_preactivation(bias_row, w, window, xj, W))
+            if j < r1:
+                new_dw = ()
+                for i in tl.static_range(W - 1):
+                    new_dw = new_dw + (acc_dw[i] + g * window[i],)
+                acc_dw = new_dw + (acc_dw[W - 1] + g * xj,)
+                acc_db += g
+            q = j - (W - 1)
+            if (q >= r0) & (q < r1):
+                if VARLEN:
+                    n_q, end_q = _advance(cu_seqlens, q, n_q, end_q)
+                # dx_q = sum_i w_i da_{q + W - 1 - i}; history[k] = da_{q + k}, da_j = g
+                grad = tl.where(j < end_q, w[0] * g, 0.0)
+                for m in tl.static_range(W - 1):
+                    grad += tl.where(q + m < end_q, w[W - 1 - m] * history[m], 0.0)
+                if HAS_DFINAL:
+                    k_final = q - (end_q - (W - 1))
+                    grad += tl.load(dfinal + (n_q * (W - 1) + k_final) * D + d, mask=tl.where(k_final >= 0, d_ok, False), other=0.0)
+                tl.store(dx_b + q * D + d, grad.to(dx.dtype.element_ty), mask=d_ok)
+            history = _shift_in(history, g, W - 1)
+            window = _shift_in(window, xj, W - 1)
+        x_group = x_ahead
+        dy_group = dy_ahead
     row = dparams + tl.program_id(0).to(tl.int64) * (W + 1) * D + d
     for i in tl.static_range(W):
         tl.store(row + i * D, acc_dw[i], mask=d_ok)

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .._chunk import mm, rows_tile, rows_tile_store, state_piece_load
-from .._gate_levels import level_pairs, next_level_sums, one_product_gates, right_half
+from .._gate_levels import level_pairs, next_level_sums, one_product_gates, right_half, sums_after
 from .._triangular import unit_lower_inverse
 from ._chunk_common import L2NORM_EPS, chunk_head_program
 
@@ -246,7 +246,7 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
         dk_Arow = row_factor * mm(d_A, k_left)
         dk_Acol = col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
         b_L = G
-        b_R = tl.sum(b_g, axis=0)[None, :] - G
+        b_R = sums_after(b_g, G)
     else:
         dq_P = tl.zeros([BT, BK], dtype=tl.float32)
         dk_P = tl.zeros([BT, BK], dtype=tl.float32)

@@ -22,7 +22,9 @@ from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
     chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
 )
-from .._gate_levels import level_pairs, one_product_gates, one_product_spread, right_half, sibling_totals
+from .._gate_levels import (
+    level_pairs, next_level_sums_with_exclusive, one_product_gates, one_product_spread, right_half, sums_after,
+)
 from .._utils import cdiv, empty
 from .chunk_fwd import LEVELS, _decay_piece, load_chunk_rows
 
@@ -258,7 +260,7 @@ def qkabg_grad_kernel(
         strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
         L = G
         Lx = G - b_g
-        R = tl.sum(b_g, axis=0)[None, :] - G
+        R = sums_after(b_g, G)
         eL = tl.exp(L)
         eLx = tl.exp(Lx)
         e_col = tl.exp(-G)
@@ -300,10 +302,7 @@ def qkabg_grad_kernel(
             b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
             b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
             b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
-            total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
-            L += tl.where(right, total, 0.0)
-            Lx += tl.where(right, total, 0.0)
-            R += tl.where(right, 0.0, total)
+            L, Lx, R = next_level_sums_with_exclusive(L, Lx, R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
 
     # L = G, Lx = G^-, R = G_C - G
     b_dq = b_dqg * tl.exp(L) + b_dqi

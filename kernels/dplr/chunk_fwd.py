@@ -25,7 +25,9 @@ from .._chunk import (
     store_state_pieces,
 )
 from .. import _gate_levels
-from .._gate_levels import level_pairs, one_product_gates, one_product_spread, right_half, sibling_totals
+from .._gate_levels import (
+    level_pairs, next_level_sums_with_exclusive, one_product_gates, one_product_spread, right_half, sums_after,
+)
 from .._sequence import state_slots
 from .._triangular import unit_lower_inverse
 from .._utils import cdiv, empty
@@ -86,7 +88,7 @@ def intra_fwd_kernel(
             strict = rows[:, None] > rows[None, :]
             L = G
             Lx = G - b_g
-            R = tl.sum(b_g, axis=0)[None, :] - G
+            R = sums_after(b_g, G)
             e_col = tl.exp(-G)
             q_s, a_s = (b_q * tl.exp(L)).to(DT), (b_a * tl.exp(Lx)).to(DT)
             k_s, b_s = (b_k * e_col).to(DT), (b_b * e_col).to(DT)
@@ -110,10 +112,7 @@ def intra_fwd_kernel(
                 b_Aqb += tl.where(pairs, mm(q_s, tl.trans(b_s)), 0.0)
                 b_Aak += tl.where(pairs, mm(a_s, tl.trans(k_s)), 0.0)
                 b_Aab += tl.where(pairs, mm(a_s, tl.trans(b_s)), 0.0)
-                total = sibling_totals(L, right, level, BT, BK, scratch, THROUGH_SCRATCH)
-                L += tl.where(right, total, 0.0)
-                Lx += tl.where(right, total, 0.0)
-                R += tl.where(right, 0.0, total)
+                L, Lx, R = next_level_sums_with_exclusive(L, Lx, R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
         # one block now: L = G, Lx = G^- (the sum before the row), R = G_C - G
         d_qk += tl.sum(b_q * b_k, axis=1)
         d_qb += tl.sum(b_q * b_b, axis=1)

@@ -184,6 +184,7 @@ from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
 from .._gate_levels import (
     LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates, one_product_spread, right_half,
+    sums_after,
 )
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
@@ -323,7 +324,7 @@ def _intra_fwd(
             q_s = (b_q * tl.exp(Q)).to(DOT)
             k_s = (b_k * tl.exp(-G)).to(DOT)
             a += tl.where(rows > cols, tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
-            R = tl.sum(b_g, axis=0)[None, :] - G
+            R = sums_after(b_g, G)
         else:
             # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
             # G_i - G_e = L_i for i in a right block and G_e - G_j = R_j for j in a left one.
@@ -530,7 +531,7 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         d_a_s = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0).to(DOT)
         dq_intra = e_q * tl.dot(d_a_s, (b_k * e_k).to(DOT), input_precision=PREC)
         dk_intra = e_k * tl.dot(tl.trans(d_a_s), (b_q * e_q).to(DOT), input_precision=PREC)
-        R = tl.sum(b_g, axis=0)[None, :] - G
+        R = sums_after(b_g, G)
     else:
         dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
         dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
