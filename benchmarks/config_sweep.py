@@ -149,9 +149,9 @@ VARIANTS = {
     },
     "causal_conv1d": {
         "default": [],
+        "fwd 4 a thread, ahead 4 (before)": _conv(fwd=(64, 4, 4, 4)),
         "fwd 8 a thread": _conv(fwd=(64, 4, 8, 4)),
         "fwd ahead 2": _conv(fwd=(64, 2, 4, 4)),
-        "fwd 2 a thread, ahead 16": _conv(fwd=(64, 16, 2, 4)),
         "bwd ahead 2": _conv(bwd=(128, 2, 4, 4)),
         "fwd ahead 8": _conv(fwd=(64, 8, 4, 4)),
         "fwd 8 a thread, ahead 8": _conv(fwd=(64, 8, 8, 4)),
@@ -233,8 +233,6 @@ VARIANTS["rms_norm_gated"] = {
     "bwd tile 4096": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 4096),
     "bwd tile 8192": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 8192),
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
-    "bwd no prefetch": ("kernels.norm", "BWD_PREFETCH", lambda base: False),
-    "bwd programs not in whole waves (before)": ("kernels.norm", "_partials", lambda base: _any_wave_programs(base)),
 }
 VARIANTS["rotary"] = {
     "default": [],
@@ -281,17 +279,6 @@ def _more_programs(partials_module, factor: int):
 
     def partial_programs(device, work_items, num_warps):
         return min(work_items, factor * partials_module.partial_programs(device, work_items, num_warps))
-    return types.SimpleNamespace(partial_programs=partial_programs, column_sum=partials_module.column_sum)
-
-
-def _any_wave_programs(partials_module):
-    """A stand-in for ``kernels._partials`` planning programs as before whole waves: one wave,
-    or one program per 16 items where that is more."""
-    import types
-
-    def partial_programs(device, work_items, num_warps):
-        wave = max(1, 32 // num_warps) * partials_module.multiprocessor_count(device)
-        return max(1, min(work_items, max(wave, -(-work_items // 16))))
     return types.SimpleNamespace(partial_programs=partial_programs, column_sum=partials_module.column_sum)
 
 

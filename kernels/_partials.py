@@ -28,14 +28,15 @@ def multiprocessor_count(device: torch.device) -> int:
 
 
 def partial_programs(device: torch.device, work_items: int, num_warps: int) -> int:
-    """How many programs ``P`` share ``work_items`` blocks of rows: whole waves of programs
-    that let every multiprocessor hold about 32 resident warps, enough waves that a program
-    takes at most 16 items (the ``[P, C]`` partial buffer stays small next to the data).
-    Whole waves: a last wave that fills a few multiprocessors leaves the rest idle while it
-    runs."""
-    wave = max(1, 32 // num_warps) * multiprocessor_count(device)
-    waves = max(1, _utils.cdiv(_utils.cdiv(work_items, 16), wave))
-    return max(1, min(work_items, waves * wave))
+    """How many programs ``P`` share ``work_items`` blocks of rows: enough for every
+    multiprocessor to hold about 32 resident warps, and few enough that the ``[P, C]``
+    partial buffer stays small next to the data (at most one row per 16 blocks beyond that)."""
+    per_sm = max(1, 32 // num_warps)
+    wanted = per_sm * multiprocessor_count(device)
+    # at most 16 items a program: the last wave of programs is then a small share of the
+    # time even when fewer programs than planned fit on a multiprocessor at once
+    wanted = max(wanted, _utils.cdiv(work_items, 16))
+    return max(1, min(work_items, wanted))
 
 
 @triton.jit

@@ -97,27 +97,11 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
-def _bwd_tiles(x, g, dy, rows, D, stride_x, stride_g, stride_dy, row_start,
-               GATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
-    """The backward's ``x``, ``dy`` and (gated) ``g`` tiles at ``row_start``, as loaded (zero
-    past the last row; ``g`` is ``x`` when there is no gate, never read then)."""
-    x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-    dy_ptrs, _ = _row_tile(dy, rows, stride_dy, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-    xv = tl.load(x_ptrs, mask=mask, other=0.0)
-    dyv = tl.load(dy_ptrs, mask=mask, other=0.0)
-    gv = xv
-    if GATE != 0:
-        g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-        gv = tl.load(g_ptrs, mask=mask, other=0.0)
-    return xv, dyv, gv
-
-
-@triton.jit
 def _norm_bwd_kernel(
     x, g, weight, bias, dy, dx, dg, dparams,
     rows, D, stride_x, stride_g, stride_dy, eps,
     MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     """Program ``p`` handles row blocks p, p + P, p + 2P, ...; ``dparams`` is float32
     ``[P, n, D]`` holding its share of dweight (slot 0) and dbias (last slot)."""
@@ -130,30 +114,20 @@ def _norm_bwd_kernel(
         b = tl.load(bias + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     acc_dw = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     acc_db = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    if PREFETCH:
-        x_next, dy_next, g_next = _bwd_tiles(x, g, dy, rows, D, stride_x, stride_g, stride_dy, pid * BLOCK_R,
-                                             GATE, BLOCK_R, BLOCK_D, EVEN_D)
     for block in range(pid, tl.cdiv(rows, BLOCK_R), num_programs):
         row_start = block * BLOCK_R  # rows < 2**31; _row_tile widens to int64
-        _, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-        if PREFETCH:
-            # the next block's loads go out before this block is computed: the loop-carried
-            # tiles wait on them only at the loop's end
-            x_tile, dy_tile, g_tile = x_next, dy_next, g_next
-            x_next, dy_next, g_next = _bwd_tiles(x, g, dy, rows, D, stride_x, stride_g, stride_dy,
-                                                 row_start.to(tl.int64) + num_programs * BLOCK_R, GATE, BLOCK_R, BLOCK_D, EVEN_D)
-        else:
-            x_tile, dy_tile, g_tile = _bwd_tiles(x, g, dy, rows, D, stride_x, stride_g, stride_dy, row_start,
-                                                 GATE, BLOCK_R, BLOCK_D, EVEN_D)
-        xv = x_tile.to(tl.float32)
-        dz = dy_tile.to(tl.float32)
+        x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        dy_ptrs, _ = _row_tile(dy, rows, stride_dy, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        dz = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
         ss = tl.sum(xv * xv, axis=1)
         if MEAN:
             ss = ss / D
         rstd = tl.math.rsqrt(ss + eps)[:, None]
         xh = xv * rstd
         if GATE != 0:
-            act, slope = _gate_and_slope(g_tile.to(tl.float32), GATE)
+            g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+            act, slope = _gate_and_slope(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
             z = xh
             if HAS_WEIGHT:
                 z = z * w
@@ -185,8 +159,6 @@ def _norm_bwd_kernel(
 # H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
 # at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
 BWD_TILE_ELEMENTS = 8192
-# The backward loads a program's next row block before computing the current one
-BWD_PREFETCH = True
 
 
 def _tile_config(D: int, elements: int):
@@ -242,8 +214,7 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
             x2, g2, weight, bias, dy2, dx, dg, dparams,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, _row_stride(dy2), eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
-            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, PREFETCH=BWD_PREFETCH,
-            num_warps=num_warps, **COMPILE_OPTIONS,
+            BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps, **COMPILE_OPTIONS,
         )
     elif slots:
         dparams.zero_()
