@@ -197,17 +197,50 @@ def _run_child(command, out, err, env, cwd, progress: Path, stall_seconds: float
     """(exit code, None) once the child exits; (its code after the kill, where it waited)
     when it stalled."""
     if not stall_seconds:
-        return subprocess.call(command, stdout=out, stderr=err, env=env, cwd=cwd), None
+        with stacks_signal_held():
+            process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
+        with process:  # as subprocess.call: an interrupted wait kills the child
+            try:
+                return process.wait(), None
+            except BaseException:
+                process.kill()
+                raise
     from . import stall
 
     # a session of its own, so that a stall kills the tool and the test process together
-    process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+    with stacks_signal_held():
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
     try:
         found = stall.wait(process, progress, stall_seconds, python_marker="--fla-child=")
     except BaseException:  # interrupted (the run's limit): the child goes with the parent
         stall.kill(process)
         raise
     return process.returncode, found
+
+
+@contextlib.contextmanager
+def stacks_signal_held():
+    """Processes started inside start with SIGUSR1 blocked (a signal mask is inherited across
+    fork and exec), and the child unblocks it once its stack dump is registered
+    (:func:`dump_stacks_on_signal`): a SIGUSR1 that comes sooner (a tool asking every child for
+    its stacks while one is still importing) waits for the handler instead of killing the
+    child by the signal's default action."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def dump_stacks_on_signal() -> None:
+    """SIGUSR1 writes every thread's Python stack to stderr (the fd: pytest replaces
+    sys.stderr); then the signal is unblocked (:func:`stacks_signal_held`)."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
 
 def _read_events(path: Path) -> list[dict]:
@@ -341,8 +374,7 @@ class ChildReporter:
         # A child that stops making progress (seen under compute-sanitizer: children waiting
         # at their first test with the CPU and the GPU idle) shows where it waits: SIGUSR1
         # writes every thread's Python stack to its stderr, which the parent keeps.
-        if hasattr(signal, "SIGUSR1"):
-            faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # the fd: pytest replaces sys.stderr
+        dump_stacks_on_signal()
 
     def _write(self, event: dict) -> None:
         self.out.write(json.dumps(event) + "\n")

@@ -247,3 +247,42 @@ def test_a_child_writes_its_stacks_on_sigusr1(pytester):
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "Current thread" in out and "in test_stops_making_progress" in out
+
+
+EARLY_SIGNAL_CHILD = """
+import sys, time
+sys.path.insert(0, {root!r})
+from pytest_fla.isolation import dump_stacks_on_signal
+time.sleep(1.0)  # still starting (importing) when the signal comes
+dump_stacks_on_signal()
+time.sleep(0.5)
+print("alive")
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "pthread_sigmask"), reason="signal masks are POSIX")
+@pytest.mark.parametrize("held", [True, False], ids=["held", "not-held"])
+def test_a_child_signalled_before_its_handler_is_registered(tmp_path, held):
+    """A SIGUSR1 sent to a child that has not yet registered its stack dump (a tool asking
+    every child for its stacks, one of them still importing) is held until it has, when the
+    child was started under ``stacks_signal_held``: the child lives and writes its stacks.
+    Started without it, the signal's default action kills the child."""
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+
+    from pytest_fla.isolation import stacks_signal_held
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = tmp_path / "child.py"
+    script.write_text(EARLY_SIGNAL_CHILD.format(root=root))
+    with stacks_signal_held() if held else contextlib.nullcontext():
+        child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(child.pid, signal.SIGUSR1)
+    out, err = child.communicate(timeout=60)
+    if held:
+        assert child.returncode == 0 and "alive" in out
+        assert "Current thread" in err or "Thread 0x" in err
+    else:
+        assert child.returncode == -signal.SIGUSR1
