@@ -17,10 +17,10 @@ Backward, with ``da_t = dy_t * act'(a_t)`` (``act' = s (1 + a (1 - s))`` for sil
     dinitial_k = sum_{m <= k} weight[d, k - m] * da_{s + m}  (+ dfinal where it was carried over)
 
 Kernels. The long kernels stream: program ``(b * ranges + r, c)`` owns channel block ``c``
-(2 channels a thread forward, 4 backward) and rows ``[r * ROWS, (r + 1) * ROWS)`` of batch row ``b`` and walks
-them one row at a time, keeping the last ``W - 1`` inputs (and, backward, the last
-``W - 1`` values of ``da``) in registers and taking rows ``AHEAD`` at a time, the next
-group's loads issued before the current group is computed, so every input
+(2 channels a thread forward, 4 backward) and rows ``[r * ROWS, (r + 1) * ROWS)`` of batch
+row ``b`` and walks them one row at a time, keeping the last ``W - 1`` inputs (and,
+backward, the last ``W - 1`` values of ``da``) in registers. Rows are loaded ``AHEAD`` at a
+time, the next group's loads issued before the current group is computed, so every input
 row is read from memory once (plus ``W - 1`` halo rows a range) and no tile is re-read
 through the cache. Under ``cu_seqlens`` a range may cross sequences: the program finds
 the sequence of its first row by bisection and steps to the next one when a row reaches
