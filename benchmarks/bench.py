@@ -21,6 +21,12 @@ output gradients and the input gradients, over the device copy bandwidth measure
 start) and, for chunked ops, a tensor-core floor (a FLOP count of the chunked algorithm
 over the measured bf16 matmul throughput).
 
+With ``--graphs`` each op is also timed with each side's call captured once in a CUDA
+graph and replayed: the same kernels with no host time in it. Where a side's kernels take
+less time than its CPU needs to issue them (launches, the autograd engine; the forward+
+backward of the small memory-bound ops), the plain time is host time and moves with the
+machine's CPU; the graph time is what a model compiled with CUDA graphs gets.
+
 Results go to ``<out>.json`` and ``<out>.md`` after every op (a run cut by a time limit
 keeps what it measured; ``--resume`` then times only the ops missing from the JSON); the
 table is printed last.
@@ -29,6 +35,7 @@ table is printed last.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import inspect
 import json
@@ -175,12 +182,19 @@ def renamed(**names):
 
 def strict_call(fn, kwargs):
     """fn(**kwargs), refusing a keyword the callee does not declare by name: a ``**kwargs``
-    would swallow it silently, and the side would time different work."""
+    would swallow it silently, and the side would time different work. The check runs once
+    per callee and set of names (a signature costs tens of microseconds of host time, which
+    a host-bound line would time)."""
+    _check_keywords(fn, tuple(kwargs))
+    return fn(**kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _check_keywords(fn, names: tuple) -> None:
     params = inspect.signature(fn).parameters
-    unknown = [k for k in kwargs if k not in params or params[k].kind is inspect.Parameter.VAR_KEYWORD]
+    unknown = [k for k in names if k not in params or params[k].kind is inspect.Parameter.VAR_KEYWORD]
     if unknown:
         raise TypeError(f"{getattr(fn, '__qualname__', fn)} declares no parameter {unknown}: pass them under its names")
-    return fn(**kwargs)
 
 
 def build_module(*args, **kwargs):
@@ -376,6 +390,7 @@ class Side:
         params = list(obj.parameters()) if isinstance(obj, torch.nn.Module) else []
         self.grad_tensors = list(self.leaves.values()) + [p for p in params if p.requires_grad]
         self.cotangents = None
+        self._graphs = {}
 
     def forward(self):
         with torch.no_grad():
@@ -386,6 +401,37 @@ class Side:
         if self.cotangents is None:
             self.cotangents = [torch.randn_like(o) for o in outs]
         torch.autograd.backward(outs, self.cotangents[: len(outs)])
+
+    def call_as_timed(self, fn):
+        """``fn`` as ``time_rounds`` runs it: gradients set to None first (do_bench's
+        ``grad_to_none``), so none is accumulated into an earlier one."""
+        if fn is self.forward:
+            return fn
+
+        def call():
+            for t in self.grad_tensors:
+                t.grad = None
+            return fn()
+        return call
+
+    def graphed(self, mode: str):
+        """The mode's call captured once in a CUDA graph, as the graph's replay: its kernels'
+        time with no host time in it (as a model compiled with CUDA graphs runs it). Captured
+        after warm-up calls on a side stream, gradients set to None before each call; the
+        gradients then stay in the graph's memory, rewritten by every replay."""
+        if mode not in self._graphs:
+            fn = self.call_as_timed(self.forward if mode == "fwd" else self.forward_backward)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            self._graphs[mode] = graph.replay
+        return self._graphs[mode]
 
     def moved_bytes(self, grads) -> tuple[int, int]:
         """Inputs read and outputs written; the backward reads the inputs and the output
@@ -422,16 +468,21 @@ def make_side(path, call, build, kwargs, grads, warm_backward=True) -> tuple[Sid
 
 
 def time_rounds(sides: dict, mode: str, rounds: int, warmup_ms: int, rep_ms: int) -> dict:
-    """Interleaved rounds: each round times every side once, the order alternating."""
+    """Interleaved rounds: each round times every side once, the order alternating. A
+    ``*_graph`` mode times the replay of the call captured in a CUDA graph."""
     from triton.testing import do_bench
 
     names = list(sides)
     samples = {n: [] for n in names}
+    base = mode.removesuffix("_graph")
     for r in range(rounds):
         for n in (names if r % 2 == 0 else names[::-1]):
             side = sides[n]
-            fn = side.forward if mode == "fwd" else side.forward_backward
-            grad_to_none = side.grad_tensors if mode == "fwd_bwd" else None
+            if mode != base:
+                fn, grad_to_none = side.graphed(base), None
+            else:
+                fn = side.forward if mode == "fwd" else side.forward_backward
+                grad_to_none = side.grad_tensors if mode == "fwd_bwd" else None
             samples[n].append(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"))
     return samples
 
@@ -444,7 +495,23 @@ def summarize(samples: dict) -> dict:
     return out
 
 
-def bench_op(b: Bench, rounds: int, warm_only=False, warmup_ms=25, rep_ms=100) -> dict:
+MODES = ("fwd", "fwd_bwd")
+GRAPH_MODES = ("fwd_graph", "fwd_bwd_graph")
+
+
+def graph_ready(sides: dict, mode: str) -> tuple[dict, dict]:
+    """The sides whose call captures in a CUDA graph, and why each other one does not."""
+    ready, errors = {}, {}
+    for n, side in sides.items():
+        try:
+            side.graphed(mode.removesuffix("_graph"))
+            ready[n] = side
+        except Exception as e:
+            errors[n] = "capture: " + first_line(e)
+    return ready, errors
+
+
+def bench_op(b: Bench, rounds: int, warm_only=False, warmup_ms=25, rep_ms=100, graphs=False) -> dict:
     row = {"op": b.name}
     kwargs = b.inputs()
     sides = {}
@@ -459,12 +526,16 @@ def bench_op(b: Bench, rounds: int, warm_only=False, warmup_ms=25, rep_ms=100) -
         row["bytes"] = b.floor_bytes or sides["ours"].moved_bytes(b.grads)
         if b.flops:
             row["flops"] = b.flops()
-    for mode in ("fwd", "fwd_bwd"):
-        timed = {n: s for n, s in sides.items() if not (mode == "fwd_bwd" and "bwd_error" in row[n])}
+    for mode in MODES + (GRAPH_MODES if graphs else ()):
+        timed = {n: s for n, s in sides.items() if not (mode.startswith("fwd_bwd") and "bwd_error" in row[n])}
+        errors = {}
+        if mode in GRAPH_MODES:
+            timed, errors = graph_ready(timed, mode)
         if not timed:
+            row[mode] = {"errors": errors} if errors else {}
             continue
         try:
-            row[mode] = summarize(time_rounds(timed, mode, rounds, warmup_ms, rep_ms))
+            row[mode] = summarize(time_rounds(timed, mode, rounds, warmup_ms, rep_ms)) | ({"errors": errors} if errors else {})
         except Exception as e:
             traceback.print_exc(limit=3)
             row[mode] = {"error": first_line(e)}
@@ -495,10 +566,11 @@ def matmul_throughput() -> float:
 def floors(row, rates) -> dict:
     """Per mode: the floor in ms, what bounds it, and ours as a fraction of it."""
     out = {}
-    for i, mode in enumerate(("fwd", "fwd_bwd")):
+    for mode in MODES + GRAPH_MODES:
         ours = row.get(mode, {}).get("ours")
         if not ours or "bytes" not in row:
             continue
+        i = 0 if mode.removesuffix("_graph") == "fwd" else 1
         memory = row["bytes"][i] / rates["copy_Bps"] * 1e3
         compute = row["flops"][i] / rates["matmul_flops"] * 1e3 if "flops" in row else 0.0
         floor = max(memory, compute)
@@ -515,7 +587,7 @@ def load_rows(out_path) -> list:
         return []
 
 
-def run(benches, out_path, rounds, resume=False):
+def run(benches, out_path, rounds, resume=False, graphs=False):
     device = torch.cuda.get_device_name()
     rates = {"copy_Bps": copy_bandwidth(), "matmul_flops": matmul_throughput()}
     print(f"copy bandwidth {rates['copy_Bps'] / 1e12:.2f} TB/s, bf16 matmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s", flush=True)
@@ -526,12 +598,13 @@ def run(benches, out_path, rounds, resume=False):
         if b.name in done:
             continue
         t0 = time.time()
-        row = bench_op(b, rounds)
+        row = bench_op(b, rounds, graphs=graphs)
         row["floor"] = floors(row, rates)
         row["wall_s"] = round(time.time() - t0, 1)
         rows.append(row)
         torch.cuda.empty_cache()
-        print(json.dumps({k: row[k] for k in ("op", "wall_s")} | {m: (row.get(m, {}).get("ratio")) for m in ("fwd", "fwd_bwd")}), flush=True)
+        print(json.dumps({k: row[k] for k in ("op", "wall_s")} | {m: (row.get(m, {}).get("ratio")) for m in MODES + GRAPH_MODES if m in row}),
+              flush=True)
         # written after every op, so a run cut short by a time limit keeps what it measured
         table = write_report(device, rates, rounds, rows, out_path)
     print(table)
@@ -568,7 +641,8 @@ def _cell(row, mode, side):
     if timed:
         return _ms(timed["median_ms"])
     state = row.get(side, {})
-    why = state.get("error") or (state.get("bwd_error") if mode == "fwd_bwd" else None) or row.get(mode, {}).get("error") or "-"
+    why = (state.get("error") or (state.get("bwd_error") if mode.startswith("fwd_bwd") else None)
+           or row.get(mode, {}).get("errors", {}).get(side) or row.get(mode, {}).get("error") or "-")
     return why[:40]
 
 
@@ -586,7 +660,7 @@ def _tflops(row, mode):
     """Achieved TFLOP/s, ours / peer, for ops with a FLOP count."""
     if "flops" not in row:
         return "-"
-    n = row["flops"][0 if mode == "fwd" else 1]
+    n = row["flops"][0 if mode.removesuffix("_graph") == "fwd" else 1]
     rates = [f"{n / (t['median_ms'] * 1e-3) / 1e12:.0f}" if t else "-"
              for t in (row.get(mode, {}).get(side) for side in ("ours", "peer"))]
     return " / ".join(rates)
@@ -601,11 +675,17 @@ def format_table(report) -> str:
              "",
              "| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms | fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in report["rows"]:
-        cells = [row["op"]]
-        for mode in ("fwd", "fwd_bwd"):
-            cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode), _tflops(row, mode)]
-        lines.append("| " + " | ".join(cells) + " |")
+    for modes in (MODES, GRAPH_MODES):
+        rows = [row for row in report["rows"] if any(m in row for m in modes)]
+        if modes == GRAPH_MODES and rows:
+            lines += ["", "Captured in a CUDA graph, each side's call replayed (the kernels' time, no host time in it):", "",
+                      lines[2].replace(" ms |", " graph ms |"), lines[3]]
+        for row in rows:
+            cells = [row["op"]]
+            for mode in modes:
+                cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode),
+                          _tflops(row, mode)]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -615,6 +695,8 @@ def main():
     parser.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per op and mode (default 5)")
     parser.add_argument("--resume", action="store_true", help="keep the ops already timed in <out>.json, time the rest")
+    parser.add_argument("--graphs", action="store_true",
+                        help="also time each side's call captured in a CUDA graph (its kernels without its host time)")
     parser.add_argument("--warm", type=int, default=0, metavar="JOBS",
                         help="first compile every op's kernels, JOBS ops at a time in separate processes "
                              "(autotune results of that phase are not kept), then time them one by one")
@@ -634,7 +716,7 @@ def main():
         benches_to_warm = benches
     if args.warm and benches_to_warm:
         warm(benches_to_warm, args.warm, args.warm_limit)
-    run(benches, args.out, args.rounds, args.resume)
+    run(benches, args.out, args.rounds, args.resume, args.graphs)
 
 
 def warm(benches, jobs, limit_s):

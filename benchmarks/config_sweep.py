@@ -398,6 +398,7 @@ def kernel_shares(side, calls: int = 5, top: int = 10) -> dict:
 
     shares = {}
     for mode, fn in (("fwd", side.forward), ("fwd_bwd", side.forward_backward)):
+        fn = side.call_as_timed(fn)
         fn()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

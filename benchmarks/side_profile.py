@@ -3,15 +3,26 @@
     python benchmarks/side_profile.py gated_deltanet_layer_core [more bench names]
 
 Builds our side and the peer's exactly as ``bench.py`` does (same inputs, builders and
-calls), then prints each GPU kernel's time per call (torch.profiler, ``config_sweep.
-kernel_shares``), forward and forward+backward, side by side. Timings only guide; the
-ratios come from ``bench.py``.
+calls, gradients set to None before each call), then prints, forward and
+forward+backward, side by side:
+
+* each GPU kernel's time per call (torch.profiler, ``config_sweep.kernel_shares``);
+* the call's time as the bench takes it (``do_bench``), the sum of its kernels, and its
+  host time (the CPU's time to issue one call, the GPU left to lag behind): a bench time
+  well above the kernels' sum and near the host time means the CPU is what is timed;
+* for our side, the host functions that take that time (cProfile, by own time).
+
+Timings only guide; the ratios come from ``bench.py``.
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
 import os
+import pstats
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -31,9 +42,63 @@ def profile_line(name: str) -> None:
         modes = config_sweep.kernel_shares(side, top=16)
         for mode, rows in modes.items():
             total = sum(ms for _, ms, _ in rows)
-            print(f"{name} {label} {mode} (top {len(rows)} kernels, {total:.3f} ms a call):")
+            fn = side.call_as_timed(side.forward if mode == "fwd" else side.forward_backward)
+            bench_ms, host = bench_time(fn), host_ms(fn)
+            print(f"{name} {label} {mode}: bench {bench_ms:.3f} ms, kernels {total:.3f} ms (top {len(rows)}), "
+                  f"host {host:.3f} ms a call")
             for kernel, ms, count in rows:
                 print(f"    {ms:8.3f} ms x{count}  {kernel}")
+            if label == "ours":
+                print(host_functions(fn))
+
+
+def bench_time(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def host_ms(fn, calls: int = 50) -> float:
+    """The CPU's time to issue one call (nothing waits for the GPU until the end)."""
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return issued / calls * 1e3
+
+
+def host_functions(fn, calls: int = 20, top: int = 14) -> str:
+    """Where one call's host time goes: torch.profiler's CPU events (CUDA runtime calls
+    such as launches, allocations and synchronizations included) by self time, and the
+    host functions by own time (cProfile), each per call."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+    lines = [f"    {e.self_cpu_time_total / 1e3 / calls:8.3f} ms x{e.count // calls:<3} {e.key[:70]}" for e in events]
+    torch.cuda.synchronize()
+    stats = cProfile.Profile()
+    stats.enable()
+    for _ in range(calls):
+        fn()
+    stats.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(stats, stream=text).sort_stats("tottime").print_stats(top)
+    rows = [line for line in text.getvalue().splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(rows) if "ncalls" in line), 0)
+    lines.append(f"    cProfile over {calls} calls:")
+    lines += ["    " + line for line in rows[max(start - 2, 0):]]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

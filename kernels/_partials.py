@@ -59,9 +59,11 @@ def column_sum(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # narrow column blocks, tall row blocks: each program's loop over P is a chain of
     # dependent loads, so it must be short; with [16, 128] blocks the [1024, 128] partials
     # of rms_norm's dweight took 0.22 ms on the H100 (64 steps in one program), as long
-    # as the norm's whole backward pass over 64 MiB. A short P (a few slabs of a whole
-    # tensor) takes wide column blocks instead: the same 8192 values a program.
-    BLOCK_P = min(256, triton.next_power_of_2(max(P, 1)))
+    # as the norm's whole backward pass over 64 MiB; with [256, 32] blocks, 10 us on 4
+    # programs. Columns of 8 (a 32-byte sector of fp32 per row) give [1024, 8]: one step,
+    # and 16 programs for those partials. A short P (a few slabs of a whole tensor) takes
+    # wide column blocks instead: the same 8192 values a program.
+    BLOCK_P = min(1024, triton.next_power_of_2(max(P, 1)))
     BLOCK_C = 8192 // BLOCK_P
     _column_sum_kernel[(_utils.cdiv(C, BLOCK_C),)](
         partials, out, P, C, BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C, num_warps=4, **COMPILE_OPTIONS

@@ -219,12 +219,12 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
     elif slots:
         dparams.zero_()
     dweight = dbias = None
-    if slots:
+    if slots == 1:  # summed straight into the parameter's dtype: no cast launched after it
+        summed = _partials.column_sum(dparams, (weight if weight is not None else bias).dtype)
+        dweight, dbias = (summed, None) if weight is not None else (None, summed)
+    elif slots:
         sums = _partials.column_sum(dparams, torch.float32)
-        if weight is not None:
-            dweight = sums[:D].to(weight.dtype)
-        if bias is not None:
-            dbias = sums[(slots - 1) * D:].to(bias.dtype)
+        dweight, dbias = sums[:D].to(weight.dtype), sums[D:].to(bias.dtype)
     return dx.view(x.shape), (dg.view(g.shape) if dg is not None else None), dweight, dbias
 
 
