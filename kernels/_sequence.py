@@ -22,7 +22,7 @@ import weakref
 import triton
 import triton.language as tl
 
-from ._utils import shapes_only
+from ._utils import host_to_device, shapes_only
 
 
 def search_steps(num_sequences: int) -> int:
@@ -115,3 +115,26 @@ def longest_sequence(offsets_host, T: int) -> int:
         _longest.clear()
     _longest[id(offsets_host)] = (weakref.ref(offsets_host), longest)
     return longest
+
+
+# (id(host offsets), device) -> (weakref to them, the empty sequences' indices there or None)
+_empty: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
+
+
+def empty_sequences(offsets_host, device):
+    """The indices (int64, on ``device``) of the packed sequences of no tokens, or None when
+    there are none (the common case) or the offsets are fake (shapes only). From the
+    validated host offsets, copied without blocking the host; cached per offsets object
+    as :func:`longest_sequence` is."""
+    if offsets_host is None or shapes_only():
+        return None
+    key = (id(offsets_host), str(device))
+    hit = _empty.get(key)
+    if hit is not None and hit[0]() is offsets_host:
+        return hit[1]
+    rows = (offsets_host[1:] == offsets_host[:-1]).nonzero().flatten()
+    rows = host_to_device(rows, device) if rows.numel() else None
+    if len(_empty) > 256:
+        _empty.clear()
+    _empty[key] = (weakref.ref(offsets_host), rows)
+    return rows

@@ -3,24 +3,28 @@
     h_t = e^{g_t} ⊙ h_{t-1} + x_t,    o_t = h_t            x, g: [B, T, D]; state [N, D]
 
 Time is cut into chunks of ``BT = 64`` tokens; every pass below runs all chunks (or all
-sequences) of all channel blocks at once. Forward, three launches:
+sequences) of all channel blocks at once. Forward, two launches:
 
 1. ``_summary``: per (chunk, channel block), the chunk's scan from a zero state
    (``kernels.hgrn.scan``), reduced to the affine map it applies to the state entering
    it, ``h_out = A h_in + B``: ``A`` the product of the chunk's decays, ``B`` its last
-   value. fp32, one row per chunk slot (``kernels._sequence.state_slots``).
-2. ``_carry``: per (sequence, channel block), the same scan over the sequence's chunk
-   maps, ``NC`` chunks a step (one step for T <= 4096), from the initial state: the
-   state entering every chunk, and the final state.
-3. ``_output``: per (chunk, channel block), the chunk's scan from its entering state,
+   value. fp32, one row per chunk slot (``kernels._sequence.state_slots``). The last
+   program of a (sequence, channel block) to store its map (an atomic count) then scans
+   the sequence's maps, ``NC`` chunks a step (one step for T <= 4096), from the initial
+   state: the state entering every chunk, and the final state. One program does each
+   sequence's scan in a fixed order, so the result does not depend on which finished
+   last; folding it into this launch saves a launch's host time (15-30 us each, and
+   this op's forward+backward is host-bound: ``benchmarks/results/README.md``).
+2. ``_output``: per (chunk, channel block), the chunk's scan from its entering state,
    written as ``o``.
 
-Backward, the same three passes run from each sequence's end (``REVERSE``): the maps
+Backward, the same two passes run from each sequence's end (``REVERSE``): the maps
 carry ``e^{g} dh`` of a chunk's first token back to the chunk before it, starting from
 the final state's gradient, and end at the initial state's gradient; the last pass
 writes ``dx = dh`` and ``dg = dh e^{g} h_{t-1}`` with ``h_{t-1}`` read from the saved
 output. Every grid is one axis of (chunks or sequences) x channel blocks; offsets are
-64-bit (int64 token indices times D).
+64-bit (int64 token indices times D). A sequence of no tokens has no chunk program: its
+final state (gradient) is its initial state (``_sequences_without_chunks``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from .. import _library as library
 from .. import _utils
 from .._arch import COMPILE_OPTIONS
 from .._chunk import chunk_coords, chunk_span
-from .._sequence import state_slots
+from .._sequence import empty_sequences, state_slots
 from .inputs import check_hgrn_inputs, configs
 from .scan import affine_scan, backward_chunk, backward_tile, channel_block, forward_chunk, forward_tile, last_row
 
@@ -53,9 +57,39 @@ def _chunk_of_program(cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.cons
 
 
 @triton.jit
-def _summary(xs, g, A, B, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
-             REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """The chunk's map ``state_out = A state_in + B`` (forward: xs = x; REVERSE: xs = do)."""
+def _scan_chunk_maps(A, B, carry_in, init, final, i_n, slot0, n, cols, m_d, D, NC: tl.constexpr, BD: tl.constexpr,
+                     REVERSE: tl.constexpr, USE_INIT: tl.constexpr, STORE_FINAL: tl.constexpr):
+    """Scan sequence ``i_n``'s ``n`` chunk maps in order (REVERSE: last chunk first), ``NC``
+    at a time, writing the state entering each chunk and the final one. The maps were
+    stored by other programs: read past L1 (``.cg``), which may hold none of them."""
+    carry = tl.zeros([BD], dtype=tl.float32)
+    if USE_INIT:
+        carry += tl.load(init + i_n * D + cols, mask=m_d, other=0.0)
+    i = tl.arange(0, NC)
+    for c0 in range(0, n, NC):
+        c = c0 + i  # position in scan order
+        chunk = n - 1 - c if REVERSE else c
+        step = -1 if REVERSE else 1
+        mask = (c < n)[:, None] & m_d[None, :]
+        rows = (slot0 + chunk)[:, None] * D + cols[None, :]
+        a = tl.load(A + rows, mask=mask, other=1.0, cache_modifier=".cg")
+        b = tl.load(B + rows, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(carry_in + rows, tl.broadcast_to(carry[None, :], (NC, BD)), mask=mask & (i[:, None] == 0))
+        b = tl.where(i[:, None] == 0, b + a * carry[None, :], b)
+        _, h = affine_scan(a, b, NC, BD)
+        # each chunk's outgoing state enters the next chunk in scan order
+        tl.store(carry_in + rows + step * D, h, mask=mask & (c + 1 < n)[:, None])
+        carry = last_row(h, NC)
+    if STORE_FINAL:
+        tl.store(final + i_n * D + cols, carry, mask=m_d)
+
+
+@triton.jit
+def _summary(xs, g, A, B, carry_in, init, final, done, cu_seqlens, chunk_map, T, D, BT: tl.constexpr,
+             NC: tl.constexpr, BD: tl.constexpr, REVERSE: tl.constexpr, USE_INIT: tl.constexpr,
+             STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The chunk's map ``state_out = A state_in + B`` (forward: xs = x; REVERSE: xs = do);
+    the sequence's last program to finish its map scans them all (``_scan_chunk_maps``)."""
     i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
     cols, m_d = channel_block(d0, D, BD)
     zero = tl.zeros([BD], dtype=tl.float32)
@@ -68,39 +102,16 @@ def _summary(xs, g, A, B, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.
         first = tl.full([BD], 1.0, dtype=tl.float32)
     tl.store(A + slot * D + cols, first * last_row(decay, BT), mask=m_d)
     tl.store(B + slot * D + cols, first * last_row(value, BT), mask=m_d)
-
-
-@triton.jit
-def _carry(A, B, carry_in, init, final, cu_seqlens, T, D, BT: tl.constexpr, NC: tl.constexpr, BD: tl.constexpr,
-           REVERSE: tl.constexpr, USE_INIT: tl.constexpr, STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """Per sequence and channel block: scan the chunk maps in order (REVERSE: last chunk
-    first), ``NC`` at a time, writing the state entering each chunk and the final one."""
-    ND = tl.cdiv(D, BD)
-    pid = tl.program_id(0).to(tl.int64)
-    i_n = pid // ND
-    cols, m_d = channel_block((pid % ND) * BD, D, BD)
+    # every thread's stores above, then one release-acquire count per (sequence, channel
+    # block): the program that counts last sees every map of its sequence
+    tl.debug_barrier()
     bos, eos, slot0 = chunk_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
     n = tl.cdiv(eos - bos, BT)
-    carry = tl.zeros([BD], dtype=tl.float32)
-    if USE_INIT:
-        carry += tl.load(init + i_n * D + cols, mask=m_d, other=0.0)
-    i = tl.arange(0, NC)
-    for c0 in range(0, n, NC):
-        c = c0 + i  # position in scan order
-        chunk = n - 1 - c if REVERSE else c
-        step = -1 if REVERSE else 1
-        mask = (c < n)[:, None] & m_d[None, :]
-        rows = (slot0 + chunk)[:, None] * D + cols[None, :]
-        a = tl.load(A + rows, mask=mask, other=1.0)
-        b = tl.load(B + rows, mask=mask, other=0.0)
-        tl.store(carry_in + rows, tl.broadcast_to(carry[None, :], (NC, BD)), mask=mask & (i[:, None] == 0))
-        b = tl.where(i[:, None] == 0, b + a * carry[None, :], b)
-        _, h = affine_scan(a, b, NC, BD)
-        # each chunk's outgoing state enters the next chunk in scan order
-        tl.store(carry_in + rows + step * D, h, mask=mask & (c + 1 < n)[:, None])
-        carry = last_row(h, NC)
-    if STORE_FINAL:
-        tl.store(final + i_n * D + cols, carry, mask=m_d)
+    ND = tl.cdiv(D, BD)
+    finished = tl.atomic_add(done + i_n * ND + d0 // BD, 1, sem="acq_rel")
+    if finished == n - 1:
+        _scan_chunk_maps(A, B, carry_in, init, final, i_n, slot0, n, cols, m_d, D, NC, BD, REVERSE, USE_INIT,
+                         STORE_FINAL)
 
 
 @triton.jit
@@ -131,9 +142,11 @@ class _Layout:
         self.T, self.D = T, D
         self.cu_seqlens = cu_seqlens
         self.varlen = offsets_host is not None
+        self.empty_sequences = None
         if self.varlen:
             self.chunk_map = _utils.chunk_map(offsets_host, BT, x.device)
             self.n_chunks = self.chunk_map.shape[0]
+            self.empty_sequences = empty_sequences(offsets_host, x.device)
         else:
             self.chunk_map = None
             self.n_chunks = B * _utils.cdiv(T, BT)
@@ -149,27 +162,37 @@ class _Layout:
 
 
 def _scan_passes(xs, g, init, need_final, lay: _Layout, reverse: bool):
-    """Passes 1 and 2 (module docstring): the state entering every chunk, and the final one."""
-    A = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
-    B = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
-    if lay.n_chunks > 0:
-        _summary[lay.chunk_grid()](xs, g, A, B, lay.cu_seqlens, lay.chunk_map, **lay.chunk_args(), REVERSE=reverse,
-                                   **COMPILE_OPTIONS)
-    carry_in = _utils.empty((lay.slots, lay.D), torch.float32, g.device)
+    """Pass 1 (module docstring): the state entering every chunk, and the final one."""
+    # the maps A, B and the entering states in one allocation
+    A, B, carry_in = _utils.empty((3, lay.slots, lay.D), torch.float32, g.device).unbind(0)
     final = _utils.empty((lay.N, lay.D), torch.float32, g.device) if need_final else None
-    c = lay.cfg["carry"]
-    _carry[(lay.N * _utils.cdiv(lay.D, c["BD"]),)](
-        A, B, carry_in, init, final, lay.cu_seqlens, lay.T, lay.D, BT=BT, NC=c["NC"], BD=c["BD"],
-        REVERSE=reverse, USE_INIT=init is not None, STORE_FINAL=need_final, IS_VARLEN=lay.varlen,
-        num_warps=c["num_warps"], **COMPILE_OPTIONS,
-    )
+    if lay.n_chunks > 0:
+        c = lay.cfg["chunk"]
+        done = torch.zeros(lay.N * _utils.cdiv(lay.D, c["BD"]), dtype=torch.int32, device=g.device)
+        _summary[lay.chunk_grid()](xs, g, A, B, carry_in, init, final, done, lay.cu_seqlens, lay.chunk_map,
+                                   **lay.chunk_args(), NC=lay.cfg["carry"]["NC"], REVERSE=reverse,
+                                   USE_INIT=init is not None, STORE_FINAL=need_final, **COMPILE_OPTIONS)
+    if need_final:
+        _sequences_without_chunks(final, init, lay)
     return carry_in, final
+
+
+def _sequences_without_chunks(final, init, lay: _Layout) -> None:
+    """A sequence of no tokens has no program: its final state is its initial state (zero
+    without one). The empty sequences are known on the host (validated offsets); none in
+    the common case, and then nothing is launched."""
+    if lay.n_chunks == 0:
+        final.copy_(init) if init is not None else final.zero_()
+    elif lay.empty_sequences is not None:
+        rows = lay.empty_sequences
+        final.index_copy_(0, rows, init.index_select(0, rows) if init is not None
+                          else torch.zeros((rows.numel(), lay.D), dtype=final.dtype, device=final.device))
 
 
 def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
              cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool,
              *, keep, offsets):
-    """Passes 1-3 forward; the backward reads the output (``h_{t-1}``), nothing else."""
+    """Passes 1-2 forward; the backward reads the output (``h_{t-1}``), nothing else."""
     x, g, initial_state = _utils.contiguous(x, g, initial_state)
     lay = _Layout(x, cu_seqlens, offsets)
     carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, reverse=False)
