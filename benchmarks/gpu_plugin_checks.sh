@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_plugin_checks.sh            # every step (about 15-25 minutes)
 #   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | emulated | plain | memcheck | memcheck_module | repro
 #   FLA_SANITIZER_OPS=all bash benchmarks/gpu_plugin_checks.sh memcheck   # every op's checks under memcheck
+#   FLA_SANITIZER_OPS=part_a bash benchmarks/gpu_plugin_checks.sh memcheck  # half of them (then part_b): one device call each
 #
 # Each step is one pytest run, so a device whose commands are capped at 10 minutes can
 # run the steps one call at a time; timings accumulate in gpu_plugin_checks.tsv in the log folder.
@@ -16,6 +17,12 @@ LOGS=${FLA_LOG_DIR:-benchmarks}  # where the logs and the timing table go
 mkdir -p "$LOGS"
 TSV=$LOGS/gpu_plugin_checks.tsv
 OPS=${FLA_SANITIZER_OPS:-chunk_simple_gla,fused_recurrent_simple_gla}  # "all": every op's checks
+# Every op's checks in two halves of about equal time under memcheck (by recorded seconds),
+# one 10-minute device call each: FLA_SANITIZER_OPS=part_a, then part_b
+case "$OPS" in
+  part_a) OPS=chunk_kda,chunk_rwkv7,chunk_dplr_delta_rule,chunk_delta_rule,parallel_attn,chunk_hgrn,fused_recurrent_kda,fused_recurrent_gated_delta_rule,fused_recurrent_rwkv6,fused_recurrent_dplr_delta_rule,fused_recurrent_gla,fused_recurrent_retention,fused_recurrent_rwkv7,rms_norm ;;
+  part_b) OPS=chunk_gated_delta_rule,fused_recurrent_delta_rule,chunk_gla,fused_recurrent_hgrn,gated_delta_net,rotary_embedding,l2norm,rms_norm_gated,causal_conv1d,chunk_rwkv6,chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention,chunk_linear_attn,fused_recurrent_linear_attn ;;
+esac
 [ "$OPS" = all ] && OPS_ARG=() || OPS_ARG=("--fla-ops=$OPS")
 WORKERS=${FLA_SANITIZER_WORKERS:-8}
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \

@@ -64,3 +64,17 @@ def test_an_agreement_partner_must_exist():
     spec = dataclasses.replace(all_specs()[0], agrees_with="no_such_op")
     with pytest.raises(SpecError, match="no_such_op"):
         validate([spec])
+
+
+def test_the_memcheck_halves_cover_every_op_once():
+    """``benchmarks/gpu_plugin_checks.sh``'s ``part_a`` and ``part_b`` (memcheck over every
+    op in two device calls): a new op must land in one of them, and in one only."""
+    import pathlib
+    import re
+
+    script = (pathlib.Path(__file__).parents[1] / "benchmarks" / "gpu_plugin_checks.sh").read_text()
+    parts = {name: ops.split(",") for name, ops in re.findall(r"^\s*(part_[ab])\) OPS=([\w,]+) ;;$", script, re.M)}
+    assert set(parts) == {"part_a", "part_b"}, parts.keys()
+    listed = parts["part_a"] + parts["part_b"]
+    names = sorted(spec.name for spec in all_specs() if spec.op is not None)
+    assert sorted(listed) == names, (sorted(set(names) - set(listed)), sorted(set(listed) - set(names)))
