@@ -710,21 +710,34 @@ def main():
             bench_op(b, 0, warm_only=True)
         return
     if args.resume and args.out:
-        done = {r["op"] for r in load_rows(args.out) if complete(r)}
-        benches_to_warm = [b for b in benches if b.name not in done]
+        # neither the ops already timed nor those an earlier call's warm-up finished: their
+        # kernels are in the Triton cache, and the timed run autotunes on its own anyway
+        skip = {r["op"] for r in load_rows(args.out) if complete(r)} | warmed_ops(args.out)
+        benches_to_warm = [b for b in benches if b.name not in skip]
     else:
         benches_to_warm = benches
     if args.warm and benches_to_warm:
-        warm(benches_to_warm, args.warm, args.warm_limit)
+        warm(benches_to_warm, args.warm, args.warm_limit, args.out)
     run(benches, args.out, args.rounds, args.resume, args.graphs)
 
 
-def warm(benches, jobs, limit_s):
+def warmed_ops(out) -> set:
+    """The ops whose warm-up finished in an earlier call with the same ``--out``."""
+    path = f"{out}.warmed"
+    if not out or not os.path.exists(path):
+        return set()
+    with open(path) as f:
+        return {line.strip() for line in f if line.strip()}
+
+
+def warm(benches, jobs, limit_s, out=None):
     """Fill the Triton cache with every kernel both sides compile, in parallel processes:
     compiling, not timing, is most of a first call (the peer's autotuning compiles tens of
     configs per kernel). The peer's on-disk autotune results are switched off here, so the
     timed run picks its configs on an idle GPU. Processes still running after ``limit_s``
-    are stopped: the timed run compiles what they left."""
+    are stopped: the timed run compiles what they left. Each op whose warm-up finished is
+    listed in ``<out>.warmed``, so that a resumed run warms only the rest (a second warm-up
+    of 25 cached ops took 272 s: benchmarks/results/README.md, fourteenth session)."""
     import subprocess
 
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
@@ -734,11 +747,19 @@ def warm(benches, jobs, limit_s):
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
-            running.append(subprocess.Popen([sys.executable, __file__, "--ops", name, "--warm-only"], env=env,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        running = [p for p in running if p.poll() is None]
+            running.append((name, subprocess.Popen([sys.executable, __file__, "--ops", name, "--warm-only"], env=env,
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        still = []
+        for name, p in running:
+            code = p.poll()  # once: a process that ends between two polls would be missed
+            if code is None:
+                still.append((name, p))
+            elif code == 0 and out:
+                with open(f"{out}.warmed", "a") as f:
+                    f.write(name + "\n")
+        running = still
         if time.time() - t0 > limit_s:
-            for p in running:
+            for _, p in running:
                 p.kill()
             print(f"warm-up stopped at {limit_s} s: {len(running)} running, {len(pending)} not started", flush=True)
             break
