@@ -94,47 +94,42 @@ def state_slots(B: int, T: int, N: int, chunk: int, varlen: bool) -> int:
     return T // chunk + N if varlen else B * -(-T // chunk)
 
 
-# id(host offsets) -> (weakref to them, length of the longest sequence)
-_longest: dict[int, tuple[weakref.ref, int]] = {}
+# (id(host offsets), what) -> (weakref to them, the value derived from them)
+_derived: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
+
+
+def _per_offsets(offsets_host, what: str, derive):
+    """``derive(offsets_host)``, cached per offsets object: ``check_cu_seqlens`` hands back
+    the same host copy for the same ``cu_seqlens`` tensor, so a decoding loop pays once."""
+    key = (id(offsets_host), what)
+    hit = _derived.get(key)
+    if hit is not None and hit[0]() is offsets_host:
+        return hit[1]
+    value = derive(offsets_host)
+    if len(_derived) > 256:
+        _derived.clear()
+    _derived[key] = (weakref.ref(offsets_host), value)
+    return value
 
 
 def longest_sequence(offsets_host, T: int) -> int:
     """The longest sequence's length, from the validated host offsets (no device sync);
     T for fake offsets (shapes only, under torch.compile: it picks launch configs only).
-
-    Cached per offsets object: ``check_cu_seqlens`` hands back the same host copy for the
-    same ``cu_seqlens`` tensor, so a decoding loop pays for the reduction once.
-    """
+    Cached per offsets object (``_per_offsets``)."""
     if offsets_host is None or shapes_only():
         return T
-    hit = _longest.get(id(offsets_host))
-    if hit is not None and hit[0]() is offsets_host:
-        return hit[1]
-    longest = int((offsets_host[1:] - offsets_host[:-1]).max()) if offsets_host.numel() > 1 else 0
-    if len(_longest) > 256:
-        _longest.clear()
-    _longest[id(offsets_host)] = (weakref.ref(offsets_host), longest)
-    return longest
-
-
-# (id(host offsets), device) -> (weakref to them, the empty sequences' indices there or None)
-_empty: dict[tuple[int, str], tuple[weakref.ref, object]] = {}
+    return _per_offsets(offsets_host, "longest", lambda o: int((o[1:] - o[:-1]).max()) if o.numel() > 1 else 0)
 
 
 def empty_sequences(offsets_host, device):
     """The indices (int64, on ``device``) of the packed sequences of no tokens, or None when
     there are none (the common case) or the offsets are fake (shapes only). From the
     validated host offsets, copied without blocking the host; cached per offsets object
-    as :func:`longest_sequence` is."""
+    and device (``_per_offsets``)."""
     if offsets_host is None or shapes_only():
         return None
-    key = (id(offsets_host), str(device))
-    hit = _empty.get(key)
-    if hit is not None and hit[0]() is offsets_host:
-        return hit[1]
-    rows = (offsets_host[1:] == offsets_host[:-1]).nonzero().flatten()
-    rows = host_to_device(rows, device) if rows.numel() else None
-    if len(_empty) > 256:
-        _empty.clear()
-    _empty[key] = (weakref.ref(offsets_host), rows)
-    return rows
+
+    def derive(o):
+        rows = (o[1:] == o[:-1]).nonzero().flatten()
+        return host_to_device(rows, device) if rows.numel() else None
+    return _per_offsets(offsets_host, f"empty on {device}", derive)

@@ -185,8 +185,10 @@ def _sequences_without_chunks(final, init, lay: _Layout) -> None:
         final.copy_(init) if init is not None else final.zero_()
     elif lay.empty_sequences is not None:
         rows = lay.empty_sequences
-        final.index_copy_(0, rows, init.index_select(0, rows) if init is not None
-                          else torch.zeros((rows.numel(), lay.D), dtype=final.dtype, device=final.device))
+        if init is not None:
+            final.index_copy_(0, rows, init.index_select(0, rows))
+        else:
+            final.index_fill_(0, rows, 0.0)
 
 
 def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
