@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
 import os
 import statistics
@@ -54,14 +55,15 @@ def main() -> None:
     import kernels
     b = next(x for x in bench.BENCHES if x.name == "chunk_hgrn")
     inputs = b.inputs()
-    variants = {f"NC={nc}": (kernels.chunk_hgrn, scan_width(int(nc))) for nc in args.widths.split(",")}
+    # context factories, not managers: a generator-based manager enters only once
+    variants = {f"NC={nc}": (kernels.chunk_hgrn, functools.partial(scan_width, int(nc))) for nc in args.widths.split(",")}
     if args.baseline:
-        variants["three launches (baseline)"] = (load_tree(args.baseline).chunk_hgrn, contextlib.nullcontext())
+        variants["three launches (baseline)"] = (load_tree(args.baseline).chunk_hgrn, contextlib.nullcontext)
     for mode in ("fwd_graph", "fwd_bwd_graph"):
         sides = {}
         for label, (fn, ctx) in variants.items():
             side = bench.Side(fn, bench.strict_call, inputs, b.grads)
-            with ctx:
+            with ctx():
                 side.forward(), side.forward_backward()
                 side.graphed(mode.removesuffix("_graph"))  # captured under the variant's config
             sides[label] = side

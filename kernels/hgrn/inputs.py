@@ -47,6 +47,6 @@ def configs(D: int) -> dict:
     BD = min(wide, _utils.block_size(D, 16))
     return {
         "chunk": dict(BD=BD, num_warps=4),
-        "carry": dict(NC=64),  # chunk maps a step of the summary's in-launch scan
+        "carry": dict(NC=8),  # chunk maps a step of the summary's in-launch scan (8: fewest registers, fastest; hgrn_scan_probe.py)
         "fused": dict(BD=min(32, BD), num_warps=2),
     }
