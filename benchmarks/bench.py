@@ -50,6 +50,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -587,10 +588,41 @@ def load_rows(out_path) -> list:
         return []
 
 
+@triton.jit
+def _noop(x):
+    pass
+
+
+def issue_us(fn, calls: int = 200, rounds: int = 7) -> float:
+    """Median over rounds of the CPU's microseconds to issue one call of ``fn`` (the GPU
+    left to lag behind, synchronized between rounds)."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def host_state() -> dict:
+    """The CPU that issues the launches, at the start: a line whose kernels take less time
+    than the CPU needs to issue them is timed as host time, which moves with the machine's
+    CPU and whatever else loads it. A no-op Triton launch's issue time measures the first,
+    the 1-minute load average the second; each row also keeps the load while it ran."""
+    x = torch.empty(16, device=DEVICE)
+    return {"cpus": os.cpu_count(), "noop_launch_us": round(issue_us(lambda: _noop[(1,)](x)), 1),
+            "load_average": round(os.getloadavg()[0], 2)}
+
+
 def run(benches, out_path, rounds, resume=False, graphs=False):
     device = torch.cuda.get_device_name()
-    rates = {"copy_Bps": copy_bandwidth(), "matmul_flops": matmul_throughput()}
-    print(f"copy bandwidth {rates['copy_Bps'] / 1e12:.2f} TB/s, bf16 matmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s", flush=True)
+    rates = {"copy_Bps": copy_bandwidth(), "matmul_flops": matmul_throughput(), "host": host_state()}
+    print(f"copy bandwidth {rates['copy_Bps'] / 1e12:.2f} TB/s, bf16 matmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s; "
+          f"host: {host_line(rates['host'], [])}", flush=True)
     rows = [r for r in load_rows(out_path) if complete(r)] if (resume and out_path) else []
     done = {r["op"] for r in rows}
     table = write_report(device, rates, rounds, rows, out_path)
@@ -598,7 +630,9 @@ def run(benches, out_path, rounds, resume=False, graphs=False):
         if b.name in done:
             continue
         t0 = time.time()
+        load = os.getloadavg()[0]
         row = bench_op(b, rounds, graphs=graphs)
+        row["host_load"] = round(max(load, os.getloadavg()[0]), 2)  # the 1-minute load average, before or after
         row["floor"] = floors(row, rates)
         row["wall_s"] = round(time.time() - t0, 1)
         rows.append(row)
@@ -618,6 +652,7 @@ def complete(row) -> bool:
 def write_report(device, rates, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
+              "host": rates.get("host"),
               "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
                          "layer": {**LAYER, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}
@@ -666,20 +701,31 @@ def _tflops(row, mode):
     return " / ".join(rates)
 
 
+def host_line(host: dict, rows: list) -> str:
+    loads = [row["host_load"] for row in rows if "host_load" in row]
+    text = (f"{host['cpus']} CPUs, a no-op Triton launch issued in {host['noop_launch_us']:.1f} us, "
+            f"1-minute load average {host['load_average']:.2f} at the start")
+    if loads:
+        text += f", {min(loads):.2f}-{max(loads):.2f} while the ops were timed"
+    return text + " (the bench itself counts about 1; host-bound lines move with these)"
+
+
 def format_table(report) -> str:
     lines = [f"{report['device']}, torch {report['torch']}, triton {report['triton']}; copy bandwidth "
              f"{report['copy_bandwidth_TBps']:.2f} TB/s, bf16 matmul {report['matmul_TFLOPs']:.0f} TFLOP/s; bf16 inputs; "
              f"medians of {report['rounds']} interleaved rounds; ratio = peer / ours (>1: ours faster), median (min-max over rounds); "
              "floor: ours as % of the op's floor in ms (mem: bytes / copy bandwidth; TC: FLOPs / matmul rate); "
              "TFLOP/s: achieved, ours / peer, where the op has a FLOP count",
-             "",
-             "| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms | fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             *([f"Host: {host_line(report['host'], report['rows'])}"] if report.get("host") else []),
+             ""]
+    header = ["| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms "
+              "| fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += header
     for modes in (MODES, GRAPH_MODES):
         rows = [row for row in report["rows"] if any(m in row for m in modes)]
         if modes == GRAPH_MODES and rows:
             lines += ["", "Captured in a CUDA graph, each side's call replayed (the kernels' time, no host time in it):", "",
-                      lines[2].replace(" ms |", " graph ms |"), lines[3]]
+                      header[0].replace(" ms |", " graph ms |"), header[1]]
         for row in rows:
             cells = [row["op"]]
             for mode in modes:

@@ -33,9 +33,18 @@ if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+# Isolated test children (each in a session of its own under a stall limit) and the tool
+# can outlive a call cut at its limit on a machine that stays warm, loading the next call's
+# CPU (host-bound bench lines, the sanitizer's start-ups). Each call says what it found and
+# kills those left, at its start and its end (so run one part at a time in a call).
+LEFTOVER='^[^ ]*(python[^ ]* -m pytest --fla-child=|compute-sanitizer )'
+leftovers() { pgrep -af -- "$LEFTOVER" || true; }
 { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  compute-sanitizer --version 2>/dev/null | tail -n 1; } | tee "$LOGS/machine.txt"
+  compute-sanitizer --version 2>/dev/null | tail -n 1
+  echo "load average (1, 5, 15 min): $(cut -d ' ' -f 1-3 /proc/loadavg)"
+  left=$(leftovers); [ -n "$left" ] && printf 'still running from an earlier call (killed now):\n%s\n' "$left"
+  pkill -KILL -f -- "$LEFTOVER"; } | tee "$LOGS/machine.txt"
 case "$part" in
   bench)
     # The peer autotunes tens of configs per kernel on first call: compile everything in
@@ -189,4 +198,7 @@ case "$part" in
     echo "CPU busy % (vmstat, every 5 s):"; awk 'NR > 2 { printf "%d ", 100 - $15 } END { print "" }' "$LOGS/vmstat.log" | fold -w 200
     ;;
 esac
+left=$(leftovers)
+[ -n "$left" ] && printf 'left running at the end (killed):\n%s\n' "$left" | tee -a "$LOGS/machine.txt"
+pkill -KILL -f -- "$LEFTOVER"
 tar czf "$OUT/$part.tgz" -C "$OUT/logs/$part" "$part"

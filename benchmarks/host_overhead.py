@@ -14,9 +14,7 @@ lines at tiny shapes, where the GPU never lags.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -29,27 +27,11 @@ import bench  # noqa: E402
 
 
 @triton.jit
-def _noop_one(x):
-    pass
-
-
-@triton.jit
 def _noop_many(a, b, c, d, e, f, T, D, N, BT: tl.constexpr, BD: tl.constexpr, FLAG: tl.constexpr):
     pass
 
 
-def issue_us(fn, calls: int = 200, rounds: int = 7) -> float:
-    """Median over rounds of the CPU's microseconds to issue one call."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+issue_us = bench.issue_us  # one definition, the bench's host calibration uses it too
 
 
 def suppressed(fn):
@@ -74,7 +56,7 @@ def main(names: list[str]) -> None:
     x = torch.empty(1 << 20, device="cuda")
     t = [torch.empty(16, device="cuda") for _ in range(6)]
     rows = [
-        ("no-op kernel, 1 argument", 200, lambda: _noop_one[(1,)](x)),
+        ("no-op kernel, 1 argument", 200, lambda: bench._noop[(1,)](x)),
         ("no-op kernel, 12 arguments", 200, lambda: _noop_many[(1,)](*t, 4096, 2048, 4, BT=64, BD=64, FLAG=True,
                                                                         num_warps=4, enable_fp_fusion=True)),
         ("torch.empty [4, 4096, 2048] bf16", 200,

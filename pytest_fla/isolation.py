@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from .report import PROCESS_SECONDS_PROPERTY, SANITIZER_SECONDS_PROPERTY, annotate
+from .report import (EXIT_SECONDS_PROPERTY, PROCESS_SECONDS_PROPERTY, SANITIZER_SECONDS_PROPERTY,
+                     SANITIZER_STARTUP_PROPERTY, STARTUP_SECONDS_PROPERTY, annotate)
 
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
@@ -50,6 +51,11 @@ class ItemOutcome:
     # Wall seconds of the child processes that ran this test (its share of a batch's child):
     # start-up included, which is most of an isolated run's cost.
     process_seconds: float = 0.0
+    # Of those, its share of the time before the child's first test (the interpreter,
+    # imports, collection; under the tool, its start too) and after its last (exit):
+    # where an isolated run's time goes, beside the tests themselves.
+    startup_seconds: float = 0.0
+    exit_seconds: float = 0.0
     stalls: list = field(default_factory=list)  # where its child waited, each time it stalled
     # Finished in a child that was then killed for a stall: its own part of the output is
     # whole, though the output as a whole ends without the tool's summary.
@@ -141,15 +147,16 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
             paths = sorted({str(by_id[n].path) for n in remaining})
             command = (wrapper or []) + child_command(config, results_dir, paths)
             with open(results_dir / "stdout", "w+b") as out, open(results_dir / "stderr", "w+b") as err:
-                start = time.monotonic()
+                spawned = time.time()
                 code, stall = _run_child(command, out, err, child_env, config.invocation_params.dir,
                                          results_dir / "results.jsonl", stall_seconds)
-                share = (time.monotonic() - start) / len(remaining)
+                ended = time.time()
                 out.seek(0)
                 err.seek(0)
                 stdout = out.read().decode(errors="replace")
                 stderr = err.read().decode(errors="replace")
             events = _read_events(results_dir / "results.jsonl")
+        startup, exiting = phases(events, spawned, ended)
         began = [e["begin"] for e in events if "begin" in e]
         finished = set()
         for event in events:
@@ -158,8 +165,11 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
                 if event["report"]["when"] == "teardown":
                     finished.add(event["nodeid"])
         for nodeid in remaining:
-            outcomes[nodeid].stdout = stdout
-            outcomes[nodeid].process_seconds += share
+            outcome = outcomes[nodeid]
+            outcome.stdout = stdout
+            outcome.process_seconds += (ended - spawned) / len(remaining)
+            outcome.startup_seconds += startup / len(remaining)
+            outcome.exit_seconds += exiting / len(remaining)
         unfinished = [n for n in remaining if n not in finished]
         if not unfinished:
             break
@@ -191,6 +201,18 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
         outcomes[culprit].stderr_tail = _tail(_since_mark(stderr, culprit))
         remaining = unfinished[unfinished.index(culprit) + 1 :]
     return outcomes
+
+
+def phases(events: list[dict], spawned: float, ended: float) -> tuple[float, float]:
+    """(start-up, exit) seconds of a child that ran from ``spawned`` to ``ended`` (epoch
+    seconds): until its tests were collected (its ``ready`` event), and after its session
+    finished (``done``). A child that never got ready spent all of it starting up."""
+    ready = next((e["ready"] for e in events if "ready" in e), None)
+    done = next((e["done"] for e in events if "done" in e), None)
+    if ready is None:
+        return ended - spawned, 0.0
+    startup = min(max(ready - spawned, 0.0), ended - spawned)
+    return startup, (min(max(ended - done, 0.0), ended - spawned - startup) if done is not None else 0.0)
 
 
 def _run_child(command, out, err, env, cwd, progress: Path, stall_seconds: float | None) -> tuple[int, str | None]:
@@ -288,13 +310,14 @@ def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
 
 
 def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section: tuple | None = None,
-           sanitizer_seconds: float = 0.0) -> None:
+           sanitizer_seconds: float = 0.0, sanitizer_startup: float = 0.0, sanitizer_exit: float = 0.0) -> None:
     """Log ``outcome``'s reports for ``item`` in this process, as if it had run here.
 
     A test whose child died gets a failed call report with the end of its stderr;
     ``extra_failure`` (a sanitizer finding) turns a passing call into a failure. The call
     report carries the wall time of the test's child processes (``sanitizer_seconds`` of
-    them under the tool), which its own duration leaves out.
+    them under the tool), which its own duration leaves out, and how much of that went to
+    the children's start-up and exit (``sanitizer_startup``, ``sanitizer_exit``: the tool's).
     """
     from _pytest.reports import TestReport
 
@@ -326,6 +349,9 @@ def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section
         timed.user_properties = list(timed.user_properties) + [
             (PROCESS_SECONDS_PROPERTY, round(outcome.process_seconds + sanitizer_seconds, 3)),
             (SANITIZER_SECONDS_PROPERTY, round(sanitizer_seconds, 3)),
+            (STARTUP_SECONDS_PROPERTY, round(outcome.startup_seconds + sanitizer_startup, 3)),
+            (SANITIZER_STARTUP_PROPERTY, round(sanitizer_startup, 3)),
+            (EXIT_SECONDS_PROPERTY, round(outcome.exit_seconds + sanitizer_exit, 3)),
         ]
     for report in reports:
         ihook.pytest_runtest_logreport(report=report)
@@ -388,6 +414,10 @@ class ChildReporter:
             config.hook.pytest_deselected(items=dropped)
         items[:] = kept
 
+    def pytest_collection_finish(self, session):
+        # the parent splits the child's time: start-up until here, the tests, exit after "done"
+        self._write({"ready": time.time()})
+
     def pytest_runtest_logstart(self, nodeid, location):
         self._write({"begin": nodeid})
         # Into the raw stderr too, so that a crash's stderr can be cut at this test.
@@ -420,6 +450,8 @@ class ChildReporter:
         return result
 
     def pytest_sessionfinish(self):
+        if not self.out.closed:
+            self._write({"done": time.time()})
         sys.stdout.flush()
         os.write(1, f"\n{END_MARK}\n".encode())
 

@@ -18,6 +18,9 @@ from . import targets
 PROPERTY_PREFIX = "fla_"
 PROCESS_SECONDS_PROPERTY = "fla_process_seconds"  # an isolated test's child processes, wall time
 SANITIZER_SECONDS_PROPERTY = "fla_sanitizer_seconds"  # of which under compute-sanitizer
+STARTUP_SECONDS_PROPERTY = "fla_startup_seconds"  # of which before the children's first test
+SANITIZER_STARTUP_PROPERTY = "fla_sanitizer_startup_seconds"  # of that, the tool's children
+EXIT_SECONDS_PROPERTY = "fla_exit_seconds"  # of which after the children's last test
 SLOWEST = 5
 
 
@@ -57,6 +60,11 @@ class TestRecord:
     # isolated runs only: wall time of its child processes, and of those under the sanitizer
     process_seconds: float | None = None
     sanitizer_seconds: float | None = None
+    # of the process seconds: before the children's first test (the interpreter, imports,
+    # collection; under the tool, its start), of that the tool's children's, and after their last
+    startup_seconds: float | None = None
+    sanitizer_startup_seconds: float | None = None
+    exit_seconds: float | None = None
     # when it began (epoch seconds: its setup's start, in the process that ran it) and on
     # which xdist worker: with the durations, a timeline of the run (where workers waited)
     started: float | None = None
@@ -86,6 +94,9 @@ class RunReport:
         if PROCESS_SECONDS_PROPERTY in props:
             record.process_seconds = props[PROCESS_SECONDS_PROPERTY]
             record.sanitizer_seconds = props.get(SANITIZER_SECONDS_PROPERTY)
+            record.startup_seconds = props.get(STARTUP_SECONDS_PROPERTY)
+            record.sanitizer_startup_seconds = props.get(SANITIZER_STARTUP_PROPERTY)
+            record.exit_seconds = props.get(EXIT_SECONDS_PROPERTY)
         if report.failed:
             if record.outcome != "failed":
                 record.reason = outcome_reason(report)
@@ -123,6 +134,9 @@ class RunReport:
                     "reason": r.reason,
                     "process_seconds": r.process_seconds,
                     "sanitizer_seconds": r.sanitizer_seconds,
+                    "startup_seconds": r.startup_seconds,
+                    "sanitizer_startup_seconds": r.sanitizer_startup_seconds,
+                    "exit_seconds": r.exit_seconds,
                     "started": None if r.started is None else round(r.started, 3),
                     "worker": r.worker,
                 }
@@ -157,7 +171,33 @@ class RunReport:
         if timed:
             out.append("slowest checks:")
             out += [f"  {cost(r):8.2f}s  {r.arch:<11} {r.nodeid}{cost_detail(r)}" for r in timed]
+        split = child_time_split(self.records.values())
+        if split:
+            out.append(split)
         return out
+
+
+def child_time_split(records) -> str | None:
+    """One line: where the isolated tests' child processes spent their time (start-up, the
+    tests, exit; the tool's children's start-up apart), or None without isolated tests."""
+    timed = [r for r in records if r.process_seconds is not None and r.startup_seconds is not None]
+    if not timed:
+        return None
+    total = sum(r.process_seconds for r in timed)
+    startup = sum(r.startup_seconds for r in timed)
+    tool_startup = sum(r.sanitizer_startup_seconds or 0.0 for r in timed)
+    tool = sum(r.sanitizer_seconds or 0.0 for r in timed)
+    exiting = sum(r.exit_seconds or 0.0 for r in timed)
+
+    def part(seconds: float) -> str:
+        return f"{seconds:.0f}s ({100 * seconds / total:.0f}%)" if total > 0 else f"{seconds:.0f}s"
+
+    line = (f"child processes: {total:.0f}s in all; {part(startup)} starting up before their first test "
+            f"(interpreter, imports, collection), {part(total - startup - exiting)} in the tests, "
+            f"{part(exiting)} exiting after their last")
+    if tool:
+        line += f"; under the sanitizer {part(tool)}, of which {part(tool_startup)} starting up"
+    return line
 
 
 def cost(record: TestRecord) -> float:

@@ -3,7 +3,9 @@ and the run goes on (per test, and per module with a fresh process after the cra
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import pytest
 from plugin_testing import run
@@ -79,6 +81,44 @@ def test_module_batches_under_xdist_run_each_test_once(pytester, monkeypatch):
     result = run(pytester, "--fla-isolate=module", "-n", "2")
     result.assert_outcomes(passed=8)
     assert sorted(log.read_text().split(), key=int) == [str(i) for i in range(8)]
+
+
+SLOW_START_PROJECT = '''
+import time
+
+time.sleep(1.0)  # stands in for a child's imports and collection
+
+
+def test_takes_a_while():
+    time.sleep(0.5)
+'''
+
+
+def test_the_report_splits_a_childs_time_into_start_up_tests_and_exit(pytester):
+    """Where an isolated run's time goes: the child's time before its first test (imports,
+    collection) and after its last, apart from the tests, per test and summed in one line."""
+    pytester.makepyfile(test_slow_start=SLOW_START_PROJECT)
+    result = run(pytester, "--fla-isolate=test", "-p", "no:xdist", "--fla-report=report.json")
+    result.assert_outcomes(passed=1)
+    (timed,) = json.loads((pytester.path / "report.json").read_text())["tests"]
+    startup, exiting, total = timed["startup_seconds"], timed["exit_seconds"], timed["process_seconds"]
+    assert 1.0 <= startup < total - 0.5  # the module's sleep at import, not the test's
+    assert 0 <= exiting < total - startup - 0.5
+    assert timed["sanitizer_startup_seconds"] == 0  # no tool ran
+    assert re.search(r"child processes: [\d.]+s in all; [\d.]+s \(\d+%\) starting up before their first test "
+                     r"\(interpreter, imports, collection\), [\d.]+s \(\d+%\) in the tests", result.stdout.str())
+
+
+@pytest.mark.parametrize("events, split", [
+    ([{"ready": 12.0}, {"begin": "t"}, {"done": 19.0}], (2.0, 1.0)),
+    ([], (10.0, 0.0)),  # died (or was killed) before its tests were collected
+    ([{"ready": 13.0}], (3.0, 0.0)),  # died in a test: no exit of its own
+    ([{"ready": 9.0}, {"done": 21.0}], (0.0, 0.0)),  # clocks that disagree stay within the child's time
+])
+def test_a_childs_phases_from_its_events(events, split):
+    from pytest_fla.isolation import phases
+
+    assert phases(events, spawned=10.0, ended=20.0) == split
 
 
 def test_children_keep_bytecode_in_a_shared_cache_where_none_is_written_or_installed(tmp_path, monkeypatch):

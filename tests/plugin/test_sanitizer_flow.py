@@ -139,11 +139,15 @@ def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
     timed = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "report.json").read_text())["tests"]}
     for name in ("test_clean", "test_reads_past_the_end"):
         assert 0 < timed[name]["sanitizer_seconds"] < timed[name]["process_seconds"]
+        # the tool's children's start-up is part of the start-up, which is part of the whole
+        assert 0 < timed[name]["sanitizer_startup_seconds"] < timed[name]["sanitizer_seconds"]
+        assert timed[name]["sanitizer_startup_seconds"] < timed[name]["startup_seconds"] < timed[name]["process_seconds"]
     for name in ("test_fails_plainly", "test_no_kernel"):
         assert timed[name]["sanitizer_seconds"] == 0 < timed[name]["process_seconds"]
     # and so do the slowest checks in the terminal summary
     assert re.search(r"s  interpreter +test_kernels\.py::test_clean \(its processes, start-up included; "
                      r"the test itself [\d.]+s, [\d.]+s under the sanitizer\)", out)
+    assert re.search(r"child processes: .* under the sanitizer [\d.]+s \(\d+%\), of which [\d.]+s \(\d+%\) starting up", out)
 
 
 LARGE_MEMORY_PROJECT = KERNEL_AND_CLEAN_TEST + '''
