@@ -54,6 +54,8 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import host_timing  # noqa: E402  (beside this file)
+
 LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
@@ -596,16 +598,7 @@ def _noop(x):
 def issue_us(fn, calls: int = 200, rounds: int = 7) -> float:
     """Median over rounds of the CPU's microseconds to issue one call of ``fn`` (the GPU
     left to lag behind, synchronized between rounds)."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+    return host_timing.per_call_us(fn, calls, rounds, sync=torch.cuda.synchronize)
 
 
 def host_state() -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -26,6 +25,8 @@ from triton.runtime.jit import KernelInterface  # noqa: E402
 
 from pytest_fla.checks import differentiable  # noqa: E402
 from pytest_fla.specs import all_specs  # noqa: E402
+
+import host_timing  # noqa: E402  (beside this file)
 
 
 @contextlib.contextmanager
@@ -41,14 +42,7 @@ def no_launches():
 
 def per_call_us(fn, calls: int, repeats: int = 5) -> float:
     """Median over ``repeats`` of the mean CPU time of ``calls`` calls, in microseconds."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        for _ in range(calls):
-            fn()
-        times.append((time.process_time() - start) / calls * 1e6)
-    return statistics.median(times)
+    return host_timing.per_call_us(fn, calls, repeats, clock=time.process_time)
 
 
 def _custom_op_calls(spec, kwargs, grad_kwargs):
