@@ -84,7 +84,8 @@ def main(names: list[str]) -> None:
             (f"{name} forward+backward, launches suppressed", 50, suppressed(side.call_as_timed(side.forward_backward))),
         ]
     tiny = " (tiny shapes)" if os.environ.get("FLA_HOST_TINY") == "1" else ""
-    print(f"torch {torch.__version__} triton {triton.__version__}: CPU microseconds to issue one call{tiny}")
+    print(f"torch {torch.__version__} triton {triton.__version__}: CPU microseconds to issue one call{tiny}; "
+          f"{os.cpu_count()} CPUs, 1-minute load average {os.getloadavg()[0]:.2f}")
     for label, calls, fn in rows:
         print(f"{issue_us(fn, calls=calls):9.1f}  {label}")
 

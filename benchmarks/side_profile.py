@@ -22,12 +22,12 @@ import io
 import os
 import pstats
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import bench  # noqa: E402
+import host_timing  # noqa: E402
 import config_sweep  # noqa: E402
 
 
@@ -62,13 +62,7 @@ def host_ms(fn, calls: int = 50) -> float:
     """The CPU's time to issue one call (nothing waits for the GPU until the end)."""
     import torch
 
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    issued = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return issued / calls * 1e3
+    return host_timing.per_call_us(fn, calls, rounds=1, sync=torch.cuda.synchronize) / 1e3
 
 
 def host_functions(fn, calls: int = 20, top: int = 14) -> str:
