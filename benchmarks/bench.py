@@ -613,12 +613,13 @@ def host_state() -> dict:
 
 def run(benches, out_path, rounds, resume=False, graphs=False):
     device = torch.cuda.get_device_name()
-    rates = {"copy_Bps": copy_bandwidth(), "matmul_flops": matmul_throughput(), "host": host_state()}
+    rates = {"copy_Bps": copy_bandwidth(), "matmul_flops": matmul_throughput()}
+    host = host_state()
     print(f"copy bandwidth {rates['copy_Bps'] / 1e12:.2f} TB/s, bf16 matmul {rates['matmul_flops'] / 1e12:.0f} TFLOP/s; "
-          f"host: {host_line(rates['host'], [])}", flush=True)
+          f"host: {host_line(host, [])}", flush=True)
     rows = [r for r in load_rows(out_path) if complete(r)] if (resume and out_path) else []
     done = {r["op"] for r in rows}
-    table = write_report(device, rates, rounds, rows, out_path)
+    table = write_report(device, rates, host, rounds, rows, out_path)
     for b in benches:
         if b.name in done:
             continue
@@ -633,7 +634,7 @@ def run(benches, out_path, rounds, resume=False, graphs=False):
         print(json.dumps({k: row[k] for k in ("op", "wall_s")} | {m: (row.get(m, {}).get("ratio")) for m in MODES + GRAPH_MODES if m in row}),
               flush=True)
         # written after every op, so a run cut short by a time limit keeps what it measured
-        table = write_report(device, rates, rounds, rows, out_path)
+        table = write_report(device, rates, host, rounds, rows, out_path)
     print(table)
 
 
@@ -642,10 +643,10 @@ def complete(row) -> bool:
     return "error" not in row.get("ours", {}) and "ours" in row.get("fwd", {})
 
 
-def write_report(device, rates, rounds, rows, out_path) -> str:
-    report = {"device": device, "torch": torch.__version__, "triton": __import__("triton").__version__,
+def write_report(device, rates, host, rounds, rows, out_path) -> str:
+    report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
-              "host": rates.get("host"),
+              "host": host,
               "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
                          "layer": {**LAYER, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}

@@ -92,8 +92,7 @@ def verdicts(config, items, plain: dict, tools: list[str]) -> dict:
 
 def _under_tool(config, items, tool: str) -> dict:
     """item -> (failure or None, the tool's text, (seconds, of them start-up, exit)) for one
-    tool: the items in one
-    child. A report lands on the test that was running when it came (the child's output
+    tool: the items in one child. A report lands on the test that was running when it came (the child's output
     between that test's start mark and the next), which then re-runs alone to confirm it;
     a report that lands on no test (before the first, after the last, past the print
     limit) re-runs every test of the batch alone."""

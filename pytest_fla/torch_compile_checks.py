@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 import pytest
 import torch
 
 from .checks import cotangents, differentiable, run_with_grads, seed_for
+from .devices import is_interpreter
 from .registry import over_specs, spec_param
 from .spec import Case, OpSpec, Sample
 from .tolerance import assert_close
@@ -138,13 +138,11 @@ def _zeroed_allocations():
 # with dynamic shapes, outputs and gradients against eager, through torch.compile). On a
 # GPU opcheck runs every test it has.
 AOT_DISPATCH_TEST = "test_aot_dispatch_dynamic"
-
-
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", AOT_DISPATCH_TEST)  # its default
 
 
 def _opcheck_utils() -> tuple:
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if is_interpreter():
         return tuple(u for u in OPCHECK_TESTS if u != AOT_DISPATCH_TEST)
     return OPCHECK_TESTS
 
