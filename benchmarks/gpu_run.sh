@@ -188,13 +188,17 @@ case "$part" in
       for d in "${TMPDIR:-/tmp}"/fla-child-*/; do
         [ -f "$d/stderr" ] && { echo "== $d"; grep -A40 "Thread 0x\|Current thread" "$d/stderr" | tail -n 60; }
       done; } > "$LOGS/children_stacks.log" 2>&1 & stacks_log=$!
+    # every child's compiles, one line each: how much compile time went to kernels another
+    # process was compiling at the same moment (compile_log.py)
+    export FLA_COMPILE_LOG=$LOGS/compiles.jsonl
     for step_limit in ${FLA_STEP_LIMITS:-plain:120 memcheck:330 repro:80}; do
       # SIGINT first: a step cut at its limit still writes its report and timing row
       FLA_LOG_DIR=$LOGS timeout -s INT -k 30 "${step_limit#*:}" bash benchmarks/gpu_plugin_checks.sh "${step_limit%:*}" >> "$LOGS/sanitizer.out" 2>&1
     done
     kill "$cpu_log" "$gpu_log" "$child_log" "$stacks_log" 2>/dev/null
-    grep -E "^== |passed|failed|Invalid|=========" "$LOGS/sanitizer.out" | tail -n 20
+    grep -E "^== |passed|failed|Invalid|=========|^child processes:" "$LOGS/sanitizer.out" | tail -n 24
     cat "$LOGS/gpu_plugin_checks.tsv"
+    [ -s "$FLA_COMPILE_LOG" ] && python3 benchmarks/compile_log.py "$FLA_COMPILE_LOG" && gzip "$FLA_COMPILE_LOG"
     echo "CPU busy % (vmstat, every 5 s):"; awk 'NR > 2 { printf "%d ", 100 - $15 } END { print "" }' "$LOGS/vmstat.log" | fold -w 200
     ;;
 esac

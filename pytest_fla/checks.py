@@ -12,8 +12,9 @@ import zlib
 
 import torch
 
-from . import gpu_share
+from . import gpu_share, time_split
 from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
+from .devices import home_device, moved, reference_device
 from .gpu_memory import forward_bytes, released_on_error
 from .launches import observe_launches
 from .packings import Packing
@@ -55,9 +56,25 @@ def differentiable(spec: OpSpec, sample: Sample) -> list[str]:
 def run_with_grads(fn, sample: Sample, names, grad_outputs=None, *, upcast=False, seed=0):
     """Call ``fn(**kwargs)`` with fresh leaves for ``names``; return (outputs, grads).
 
-    ``upcast`` makes the leaves float64 (for the reference). The upstream gradients are
-    drawn from ``seed`` (or given), so kernel and reference see the same ones.
+    ``upcast`` makes the leaves float64 (for the reference; computed where
+    ``devices.reference_device`` says, its results moved back to the sample's device).
+    The upstream gradients are drawn from ``seed`` (or given), so kernel and reference see
+    the same ones.
     """
+    if not upcast:
+        return _run_with_grads(fn, sample, names, grad_outputs, upcast, seed)
+    with time_split.part(time_split.REFERENCE):
+        elsewhere = reference_device()
+        if elsewhere is None:
+            return _run_with_grads(fn, sample, names, grad_outputs, upcast, seed)
+        home = home_device(sample.kwargs.values())
+        outputs, grads, upstream = _run_with_grads(fn, Sample(moved(sample.kwargs, elsewhere)), names,
+                                                   moved(grad_outputs, elsewhere), upcast, seed)
+        return moved(outputs, home), moved(grads, home), (grad_outputs if grad_outputs is not None
+                                                          else moved(upstream, home))
+
+
+def _run_with_grads(fn, sample: Sample, names, grad_outputs, upcast: bool, seed: int):
     kwargs = dict(sample.kwargs)
     leaves = {}
     for name in names:

@@ -3,7 +3,8 @@
 On a GPU the checks run on the current CUDA device; on a machine without one (or with
 ``TRITON_INTERPRET=1``) they run on the CPU under Triton's interpreter, at the cases'
 small sizes. Some dtypes cannot be checked in one of those places; ``dtype_skip_reason``
-says which and why (the CI policy).
+says which and why (the CI policy). The float64 reference runs beside the kernel, except
+where ``FLA_REFERENCE_DEVICE`` sends it elsewhere (``reference_device``).
 """
 
 from __future__ import annotations
@@ -42,3 +43,36 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
     if kind == "cuda" and dtype == "fp16":
         return "fp16 is checked in the CPU job (interpreter); the GPU run spends its time on bf16 and fp32"
     return None
+
+
+# Where the float64 reference runs, if not beside the kernel: ``cpu`` under the sanitizer
+# (``sanitizer.environment``). The tool instruments every CUDA launch, and a reference
+# recurrence is thousands of small ones: at the tool's small shapes it was 586 of the tool's
+# 1035 s in the H100's memcheck run (10 s plainly), checking nothing the tool is there for.
+REFERENCE_DEVICE_ENV = "FLA_REFERENCE_DEVICE"
+
+
+def reference_device() -> str | None:
+    """The device the reference runs on (its inputs moved there, its results moved back),
+    or None: beside the kernel."""
+    return os.environ.get(REFERENCE_DEVICE_ENV) or None
+
+
+def moved(value, device):
+    """``value`` with every tensor in it (through tuples, lists and dicts) on ``device``."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: moved(v, device) for k, v in value.items()}
+    return value
+
+
+def home_device(values):
+    """The device of the first tensor among ``values`` (a sample's kwargs), or None."""
+    import torch
+
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), None)

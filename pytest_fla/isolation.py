@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from .report import (EXIT_SECONDS_PROPERTY, PROCESS_SECONDS_PROPERTY, SANITIZER_SECONDS_PROPERTY,
-                     SANITIZER_STARTUP_PROPERTY, STARTUP_SECONDS_PROPERTY, annotate)
+from . import time_split
+from .report import PARTS_PROPERTY, annotate, timing_properties
 
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
@@ -37,6 +37,26 @@ BEGIN_MARK = "=== fla: running "  # written to the child's stdout and stderr as 
 END_MARK = "=== fla: batch done"  # and to its stdout after the last one
 COUNT_LAUNCHES_ENV = "FLA_COUNT_LAUNCHES"
 LAUNCHES_PROPERTY = "fla_triton_launches"
+
+
+@dataclass
+class ChildTime:
+    """Wall seconds of the child processes that ran a test, and where they went: its share
+    of each child's start-up and exit, and parts of its own work (``time_split``)."""
+
+    seconds: float = 0.0  # all of it: start-up included, which is most of an isolated run's cost
+    # before the child's first test (the interpreter, imports, collection; under the tool,
+    # the tool's start too) and after its last (exit)
+    startup: float = 0.0
+    exit: float = 0.0
+    # in the test itself: part name -> seconds (compiling and loading kernels, the reference)
+    parts: dict = field(default_factory=dict)
+
+    def __add__(self, other: "ChildTime") -> "ChildTime":
+        parts = dict(self.parts)
+        for name, seconds in other.parts.items():
+            parts[name] = parts.get(name, 0.0) + seconds
+        return ChildTime(self.seconds + other.seconds, self.startup + other.startup, self.exit + other.exit, parts)
 
 
 @dataclass
@@ -48,14 +68,7 @@ class ItemOutcome:
     stderr_tail: str = ""
     stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
     verdict: object = None  # under --fla-sanitizer: a sanitizing.Verdict
-    # Wall seconds of the child processes that ran this test (its share of a batch's child):
-    # start-up included, which is most of an isolated run's cost.
-    process_seconds: float = 0.0
-    # Of those, its share of the time before the child's first test (the interpreter,
-    # imports, collection; under the tool, its start too) and after its last (exit):
-    # where an isolated run's time goes, beside the tests themselves.
-    startup_seconds: float = 0.0
-    exit_seconds: float = 0.0
+    time: ChildTime = field(default_factory=ChildTime)
     stalls: list = field(default_factory=list)  # where its child waited, each time it stalled
     # Finished in a child that was then killed for a stall: its own part of the output is
     # whole, though the output as a whole ends without the tool's summary.
@@ -161,15 +174,20 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
         finished = set()
         for event in events:
             if "report" in event:
-                outcomes[event["nodeid"]].reports.append(event["report"])
-                if event["report"]["when"] == "teardown":
+                report = event["report"]
+                outcome = outcomes[event["nodeid"]]
+                outcome.reports.append(report)
+                if report["when"] == "call":
+                    parts = dict(report.get("user_properties") or ()).get(PARTS_PROPERTY) or {}
+                    outcome.time += ChildTime(parts=parts)
+                if report["when"] == "teardown":
                     finished.add(event["nodeid"])
         for nodeid in remaining:
             outcome = outcomes[nodeid]
             outcome.stdout = stdout
-            outcome.process_seconds += (ended - spawned) / len(remaining)
-            outcome.startup_seconds += startup / len(remaining)
-            outcome.exit_seconds += exiting / len(remaining)
+            outcome.time.seconds += (ended - spawned) / len(remaining)
+            outcome.time.startup += startup / len(remaining)
+            outcome.time.exit += exiting / len(remaining)
         unfinished = [n for n in remaining if n not in finished]
         if not unfinished:
             break
@@ -310,14 +328,14 @@ def _tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
 
 
 def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section: tuple | None = None,
-           sanitizer_seconds: float = 0.0, sanitizer_startup: float = 0.0, sanitizer_exit: float = 0.0) -> None:
+           tool_time: ChildTime | None = None) -> None:
     """Log ``outcome``'s reports for ``item`` in this process, as if it had run here.
 
     A test whose child died gets a failed call report with the end of its stderr;
     ``extra_failure`` (a sanitizer finding) turns a passing call into a failure. The call
-    report carries the wall time of the test's child processes (``sanitizer_seconds`` of
-    them under the tool), which its own duration leaves out, and how much of that went to
-    the children's start-up and exit (``sanitizer_startup``, ``sanitizer_exit``: the tool's).
+    report carries the wall time of the test's child processes, which its own duration
+    leaves out, and where it went (``report.timing_properties``), the tool's children's
+    (``tool_time``) apart.
     """
     from _pytest.reports import TestReport
 
@@ -346,13 +364,9 @@ def replay(item, outcome: ItemOutcome, extra_failure: str | None = None, section
                 report.sections.append(section)
     timed = next((r for r in reports if r.when == "call"), reports[-1] if reports else None)
     if timed is not None:
-        timed.user_properties = list(timed.user_properties) + [
-            (PROCESS_SECONDS_PROPERTY, round(outcome.process_seconds + sanitizer_seconds, 3)),
-            (SANITIZER_SECONDS_PROPERTY, round(sanitizer_seconds, 3)),
-            (STARTUP_SECONDS_PROPERTY, round(outcome.startup_seconds + sanitizer_startup, 3)),
-            (SANITIZER_STARTUP_PROPERTY, round(sanitizer_startup, 3)),
-            (EXIT_SECONDS_PROPERTY, round(outcome.exit_seconds + sanitizer_exit, 3)),
-        ]
+        timing = timing_properties(outcome.time, tool_time or ChildTime())
+        # the child's own measures of this run give way to the totals over every run of it
+        timed.user_properties = [(n, v) for n, v in timed.user_properties if n not in timing] + list(timing.items())
     for report in reports:
         ihook.pytest_runtest_logreport(report=report)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -397,6 +411,11 @@ class ChildReporter:
         # Under --fla-sanitizer the parent asks how many Triton kernels each test launched
         # (a test that launched none has nothing of the kernels under test to sanitize).
         self.count_launches = os.environ.get(COUNT_LAUNCHES_ENV) == "1"
+        # Of each test's time, what went to compiling kernels and loading them, from Triton's
+        # import on (a child whose tests never import it does not pay for its import).
+        from .launches import time_kernels_from_import
+
+        time_kernels_from_import()
         # A child that stops making progress (seen under compute-sanitizer: children waiting
         # at their first test with the CPU and the GPU idle) shows where it waits: SIGUSR1
         # writes every thread's Python stack to its stderr, which the parent keeps.
@@ -434,9 +453,13 @@ class ChildReporter:
             from .launches import observe_launches
 
             counting = observe_launches()
+        before = time_split.totals()
         try:
             with counting as launches:
-                result = yield
+                try:
+                    result = yield
+                finally:
+                    item.user_properties.append((PARTS_PROPERTY, time_split.since(before)))
                 if launches is not None:
                     item.user_properties.append((LAUNCHES_PROPERTY, launches.count))
         except BaseException:

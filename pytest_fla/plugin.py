@@ -416,8 +416,7 @@ def pytest_runtest_protocol(item, nextitem):
         state.batches.update(outcomes)
     outcome = state.batches.pop(item.nodeid)
     verdict = outcome.verdict or Verdict()
-    replay(item, outcome, extra_failure=verdict.failure, section=verdict.section, sanitizer_seconds=verdict.seconds,
-           sanitizer_startup=verdict.startup, sanitizer_exit=verdict.exit)
+    replay(item, outcome, extra_failure=verdict.failure, section=verdict.section, tool_time=verdict.time)
     return True
 
 

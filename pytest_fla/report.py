@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from . import targets
+from . import targets, time_split
 
 PROPERTY_PREFIX = "fla_"
 PROCESS_SECONDS_PROPERTY = "fla_process_seconds"  # an isolated test's child processes, wall time
@@ -21,7 +21,24 @@ SANITIZER_SECONDS_PROPERTY = "fla_sanitizer_seconds"  # of which under compute-s
 STARTUP_SECONDS_PROPERTY = "fla_startup_seconds"  # of which before the children's first test
 SANITIZER_STARTUP_PROPERTY = "fla_sanitizer_startup_seconds"  # of that, the tool's children
 EXIT_SECONDS_PROPERTY = "fla_exit_seconds"  # of which after the children's last test
+PARTS_PROPERTY = "fla_parts_seconds"  # of which in the tests: part of the work -> seconds (time_split)
+SANITIZER_PARTS_PROPERTY = "fla_sanitizer_parts_seconds"  # of those, under the tool
 SLOWEST = 5
+
+
+def timing_properties(plain, tool) -> dict:
+    """The properties an isolated test's call report carries: where its child processes'
+    time went, from the plain children's and the tool's children's ``isolation.ChildTime``."""
+    both = plain + tool
+    return {
+        PROCESS_SECONDS_PROPERTY: round(both.seconds, 3),
+        SANITIZER_SECONDS_PROPERTY: round(tool.seconds, 3),
+        STARTUP_SECONDS_PROPERTY: round(both.startup, 3),
+        SANITIZER_STARTUP_PROPERTY: round(tool.startup, 3),
+        EXIT_SECONDS_PROPERTY: round(both.exit, 3),
+        PARTS_PROPERTY: {name: round(seconds, 3) for name, seconds in both.parts.items()},
+        SANITIZER_PARTS_PROPERTY: {name: round(seconds, 3) for name, seconds in tool.parts.items()},
+    }
 
 
 def op_and_check(item) -> tuple[str | None, str]:
@@ -65,6 +82,9 @@ class TestRecord:
     startup_seconds: float | None = None
     sanitizer_startup_seconds: float | None = None
     exit_seconds: float | None = None
+    # of the rest (the tests): part of the work -> seconds (time_split), and of those the tool's
+    parts_seconds: dict | None = None
+    sanitizer_parts_seconds: dict | None = None
     # when it began (epoch seconds: its setup's start, in the process that ran it) and on
     # which xdist worker: with the durations, a timeline of the run (where workers waited)
     started: float | None = None
@@ -97,6 +117,8 @@ class RunReport:
             record.startup_seconds = props.get(STARTUP_SECONDS_PROPERTY)
             record.sanitizer_startup_seconds = props.get(SANITIZER_STARTUP_PROPERTY)
             record.exit_seconds = props.get(EXIT_SECONDS_PROPERTY)
+            record.parts_seconds = props.get(PARTS_PROPERTY)
+            record.sanitizer_parts_seconds = props.get(SANITIZER_PARTS_PROPERTY)
         if report.failed:
             if record.outcome != "failed":
                 record.reason = outcome_reason(report)
@@ -137,6 +159,8 @@ class RunReport:
                     "startup_seconds": r.startup_seconds,
                     "sanitizer_startup_seconds": r.sanitizer_startup_seconds,
                     "exit_seconds": r.exit_seconds,
+                    "parts_seconds": r.parts_seconds,
+                    "sanitizer_parts_seconds": r.sanitizer_parts_seconds,
                     "started": None if r.started is None else round(r.started, 3),
                     "worker": r.worker,
                 }
@@ -178,25 +202,40 @@ class RunReport:
 
 
 def child_time_split(records) -> str | None:
-    """One line: where the isolated tests' child processes spent their time (start-up, the
-    tests, exit; the tool's children's start-up apart), or None without isolated tests."""
+    """One line: where the isolated tests' child processes spent their time (start-up; the
+    tests, and parts of their work; exit), the tool's children's apart; or None without
+    isolated tests."""
     timed = [r for r in records if r.process_seconds is not None and r.startup_seconds is not None]
     if not timed:
         return None
-    total = sum(r.process_seconds for r in timed)
-    startup = sum(r.startup_seconds for r in timed)
-    tool_startup = sum(r.sanitizer_startup_seconds or 0.0 for r in timed)
-    tool = sum(r.sanitizer_seconds or 0.0 for r in timed)
-    exiting = sum(r.exit_seconds or 0.0 for r in timed)
+
+    def summed(name: str) -> float:
+        return sum(getattr(r, name) or 0.0 for r in timed)
+
+    def parts(name: str) -> dict:
+        total = {}
+        for r in timed:
+            for part, seconds in (getattr(r, name) or {}).items():
+                total[part] = total.get(part, 0.0) + seconds
+        return total
+
+    total = summed("process_seconds")
 
     def part(seconds: float) -> str:
         return f"{seconds:.0f}s ({100 * seconds / total:.0f}%)" if total > 0 else f"{seconds:.0f}s"
 
+    def named(spent: dict) -> list[str]:
+        return [f"{part(spent[name])} {time_split.LABELS.get(name, name)}" for name in sorted(spent)]
+
+    startup, exiting = summed("startup_seconds"), summed("exit_seconds")
+    in_tests = named(parts("parts_seconds"))
     line = (f"child processes: {total:.0f}s in all; {part(startup)} starting up before their first test "
-            f"(interpreter, imports, collection), {part(total - startup - exiting)} in the tests, "
-            f"{part(exiting)} exiting after their last")
+            f"(interpreter, imports, collection), {part(total - startup - exiting)} in the tests"
+            f"{' (of which ' + ', '.join(in_tests) + ')' if in_tests else ''}, {part(exiting)} exiting after their last")
+    tool = summed("sanitizer_seconds")
     if tool:
-        line += f"; under the sanitizer {part(tool)}, of which {part(tool_startup)} starting up"
+        line += ("; under the sanitizer " + ", of which ".join([part(tool), ", ".join(
+            [f"{part(summed('sanitizer_startup_seconds'))} starting up"] + named(parts("sanitizer_parts_seconds")))]))
     return line
 
 

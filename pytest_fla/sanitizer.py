@@ -138,7 +138,10 @@ SHAPES_ENV = {"FLA_SMALL_SHAPES": "1"}
 
 
 def environment(caching_allocator: bool = False) -> dict[str, str]:
-    env = {"CUDA_LAUNCH_BLOCKING": "1", **SHAPES_ENV}
+    from .devices import REFERENCE_DEVICE_ENV
+
+    # the float64 reference on the CPU: the tool need not check it (devices.REFERENCE_DEVICE_ENV)
+    env = {"CUDA_LAUNCH_BLOCKING": "1", REFERENCE_DEVICE_ENV: "cpu", **SHAPES_ENV}
     if not caching_allocator:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return env

@@ -13,10 +13,10 @@ alone, so a finding is always pinned on the test that caused it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import sanitizer
-from .isolation import ItemOutcome, run_batch, test_output
+from .isolation import ChildTime, ItemOutcome, run_batch, test_output
 
 NOT_LAUNCHED = "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)"
 # A large_memory check cannot shrink to the tool's small shapes (2**31 elements is its
@@ -52,9 +52,7 @@ class Verdict:
 
     failure: str | None = None  # what fails the test, if anything
     section: tuple | None = None  # the tools' text, shown with the test's report
-    seconds: float = 0.0  # wall time of the tools' runs of it (its share of a batch's run)
-    startup: float = 0.0  # of which before their first test (the tool's start, imports, collection)
-    exit: float = 0.0  # and after their last
+    time: ChildTime = field(default_factory=ChildTime)  # of the tools' runs of it (its share of a batch's run)
 
 
 def passed(outcome: ItemOutcome) -> bool:
@@ -77,54 +75,46 @@ def verdicts(config, items, plain: dict, tools: list[str]) -> dict:
             candidates.append(item)
     failures = {item.nodeid: [] for item in candidates}
     texts = {item.nodeid: [] for item in candidates}
-    seconds = {item.nodeid: [0.0, 0.0, 0.0] for item in candidates}  # all, start-up, exit
+    seconds = {item.nodeid: ChildTime() for item in candidates}
     for tool in tools:
         for item, (failure, text, spent) in _under_tool(config, candidates, tool).items():
             texts[item.nodeid].append(text)
-            seconds[item.nodeid] = [a + b for a, b in zip(seconds[item.nodeid], spent)]
+            seconds[item.nodeid] += spent
             if failure:
                 failures[item.nodeid].append(failure)
     for item in candidates:
         section = ("compute-sanitizer", "\n\n".join(texts[item.nodeid]))
-        result[item.nodeid] = Verdict("\n\n".join(failures[item.nodeid]) or None, section, *seconds[item.nodeid])
+        result[item.nodeid] = Verdict("\n\n".join(failures[item.nodeid]) or None, section, seconds[item.nodeid])
     return result
 
 
 def _under_tool(config, items, tool: str) -> dict:
-    """item -> (failure or None, the tool's text, (seconds, of them start-up, exit)) for one
-    tool: the items in one child. A report lands on the test that was running when it came (the child's output
+    """item -> (failure or None, the tool's text, its ChildTime) for one tool: the items in
+    one child. A report lands on the test that was running when it came (the child's output
     between that test's start mark and the next), which then re-runs alone to confirm it;
     a report that lands on no test (before the first, after the last, past the print
     limit) re-runs every test of the batch alone."""
     if not items:
         return {}
     outcomes = _run(config, items, tool)
-    spent = {item: _times(outcomes[item.nodeid]) for item in items}
+    spent = {item: outcomes[item.nodeid].time for item in items}
     found = _placed(tool, items, outcomes) if len(items) > 1 else {items[0]: _verdict(tool, outcomes[items[0].nodeid])}
     if found is None:
         alone = {item: _run(config, [item], tool)[item.nodeid] for item in items}
         found = {item: _verdict(tool, outcome) for item, outcome in alone.items()}
-        spent = {item: _added(spent[item], outcome) for item, outcome in alone.items()}
+        spent = {item: spent[item] + outcome.time for item, outcome in alone.items()}
     elif len(items) > 1:
         for item, (failure, text) in found.items():
             if failure is None:
                 found[item] = (None, text + f" (run with {len(items)} tests in one process)")
             elif not outcomes[item.nodeid].died:  # a death is pinned on its test already
                 alone = _run(config, [item], tool)[item.nodeid]
-                spent[item] = _added(spent[item], alone)
+                spent[item] = spent[item] + alone.time
                 confirmed = _verdict(tool, alone)
                 found[item] = confirmed if confirmed[0] else (
                     f"{failure}\n(reported while it ran in one process with {len(items) - 1} other tests; "
                     "run alone it was clean)", text)
     return {item: (*found[item], spent[item]) for item in items}
-
-
-def _times(outcome: ItemOutcome) -> tuple[float, float, float]:
-    return outcome.process_seconds, outcome.startup_seconds, outcome.exit_seconds
-
-
-def _added(times: tuple, outcome: ItemOutcome) -> tuple[float, float, float]:
-    return tuple(a + b for a, b in zip(times, _times(outcome)))
 
 
 def _placed(tool: str, items, outcomes) -> dict | None:

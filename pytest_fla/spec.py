@@ -180,7 +180,17 @@ class OpSpec:
         return fn
 
     def call_reference(self, sample: Sample, dtype: str | None = None):
-        return as_tuple(self.reference_for(dtype)(**sample.kwargs))
+        """The reference's outputs for ``sample``, on the sample's device (computed where
+        ``devices.reference_device`` says)."""
+        from . import time_split
+        from .devices import home_device, moved, reference_device
+
+        with time_split.part(time_split.REFERENCE):
+            elsewhere = reference_device()
+            if elsewhere is None:
+                return as_tuple(self.reference_for(dtype)(**sample.kwargs))
+            home = home_device(sample.kwargs.values())
+            return moved(as_tuple(self.reference_for(dtype)(**moved(sample.kwargs, elsewhere))), home)
 
     def case(self, name: str) -> Case:
         for c in self.cases:

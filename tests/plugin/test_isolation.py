@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import pytest
 from plugin_testing import run
@@ -107,6 +108,68 @@ def test_the_report_splits_a_childs_time_into_start_up_tests_and_exit(pytester):
     assert timed["sanitizer_startup_seconds"] == 0  # no tool ran
     assert re.search(r"child processes: [\d.]+s in all; [\d.]+s \(\d+%\) starting up before their first test "
                      r"\(interpreter, imports, collection\), [\d.]+s \(\d+%\) in the tests", result.stdout.str())
+
+
+KERNEL_SOURCE = '''
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+
+def _fill(x, BLOCK: tl.constexpr):
+    tl.store(x + tl.arange(0, BLOCK), tl.arange(0, BLOCK))
+
+
+fill = JITFunction(_fill)  # jitted even where the plugin chose the interpreter (no GPU here)
+'''
+
+KERNEL_TIME_PROJECT = '''
+import time
+
+
+def test_compiles_and_loads():
+    # Triton's first import in this child is here, in a test, as a kernel library's often is
+    import triton.compiler
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import CompiledKernel
+
+    from kernel_source import fill
+
+    # a cache miss, compiled for a card this machine need not have (as a launch would compile
+    # for its own)
+    source = triton.compiler.ASTSource(fill, {"x": "*i32"}, {"BLOCK": 64})
+    triton.compiler.compile(source, target=GPUTarget("cuda", 80, 32))
+
+    class Loading:  # stands in for a compiled kernel whose module load takes 0.3 s
+        @property
+        def module(self):
+            time.sleep(0.3)
+            return "loaded"
+
+    CompiledKernel._init_handles(Loading())
+
+
+def test_neither():
+    time.sleep(0.2)
+'''
+
+
+def test_the_report_times_each_tests_compiles_and_kernel_loads(pytester, monkeypatch):
+    """Of a test's time, how much went to Triton's compile (a cold cache, or the tool's
+    small shapes after the plain run's) and to loading kernels onto the device (which the
+    sanitizer instruments): measured in the child from Triton's import on, per test, summed
+    in the last line."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(pytester.path / "triton-cache"))  # a cold cache
+    pytester.makepyfile(kernel_source=KERNEL_SOURCE, test_kernel_time=KERNEL_TIME_PROJECT)
+    result = run(pytester, "--fla-isolate=module", "-p", "no:xdist", "--fla-report=report.json")
+    result.assert_outcomes(passed=2)
+    timed = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "report.json").read_text())["tests"]}
+    both = timed["test_compiles_and_loads"]
+    assert 0.05 < both["parts_seconds"]["compiling"] < both["process_seconds"]
+    assert 0.3 <= both["parts_seconds"]["loading"] < 0.5
+    assert timed["test_neither"]["parts_seconds"] == {}
+    assert both["sanitizer_parts_seconds"] == {}  # no tool ran
+    assert re.search(r"in the tests \(of which [\d.]+s \(\d+%\) compiling kernels, [\d.]+s \(\d+%\) loading kernels\)",
+                     result.stdout.str())
 
 
 @pytest.mark.parametrize("events, split", [
@@ -326,3 +389,50 @@ def test_a_child_signalled_before_its_handler_is_registered(tmp_path, held):
         assert "Current thread" in err or "Thread 0x" in err
     else:
         assert child.returncode == -signal.SIGUSR1
+
+
+def test_the_float64_reference_counts_to_its_part_of_a_tests_time():
+    """A check's float64 reference (forward, and its autograd) is timed apart from the kernel's
+    run: at the sanitizer's small shapes it can be most of a test."""
+    import torch
+
+    from pytest_fla import checks, time_split
+    from pytest_fla.spec import Sample
+
+    def slow_double(x):
+        time.sleep(0.01)
+        return x * 2
+
+    sample = Sample({"x": torch.ones(3)})
+    before = time_split.totals()
+    checks.run_with_grads(slow_double, sample, ["x"])  # the kernel's side
+    assert time_split.REFERENCE not in time_split.since(before)
+    checks.run_with_grads(slow_double, sample, ["x"], upcast=True)  # the reference's
+    assert time_split.since(before)[time_split.REFERENCE] >= 0.01
+
+
+def test_a_reference_elsewhere_gets_its_inputs_there_and_gives_its_results_back(monkeypatch):
+    """Under the sanitizer the float64 reference runs on the CPU (FLA_REFERENCE_DEVICE): its
+    inputs go there and its outputs come back to the kernel's device for the comparison."""
+    import torch
+
+    from pytest_fla.devices import REFERENCE_DEVICE_ENV, home_device, moved
+
+    value = {"a": (torch.ones(2), [torch.zeros(1), 3]), "b": None}
+    on_meta = moved(value, "meta")
+    assert on_meta["a"][0].device.type == on_meta["a"][1][0].device.type == "meta"
+    assert on_meta["a"][1][1] == 3 and on_meta["b"] is None and isinstance(on_meta["a"], tuple)
+    assert home_device([None, 2, torch.ones(1, device="meta"), torch.ones(1)]).type == "meta"
+
+    from pytest_fla.spec import Sample, OpSpec  # noqa: F401 - the spec's reference call
+
+    seen = []
+
+    def reference(x):
+        seen.append(x.device.type)
+        return torch.zeros(2, dtype=torch.float64)  # a result on the CPU, whatever it was given
+
+    spec = type("Spec", (), {"reference_for": lambda self, dtype=None: reference})()
+    monkeypatch.setenv(REFERENCE_DEVICE_ENV, "meta")
+    (out,) = OpSpec.call_reference(spec, Sample({"x": torch.ones(2)}))
+    assert seen == ["meta"] and out.device.type == "cpu"  # computed there, given back here

@@ -285,6 +285,8 @@ def test_op(case):
     launch()
     with open(os.environ["FAKE_SANITIZER_LOG"] + ".shapes", "a") as f:
         f.write(os.environ.get("FLA_SMALL_SHAPES", "-") + "\\n")
+    with open(os.environ["FAKE_SANITIZER_LOG"] + ".reference", "a") as f:
+        f.write(("tool " if os.environ.get("FAKE_UNDER_TOOL") else "plain ") + os.environ.get("FLA_REFERENCE_DEVICE", "-") + "\\n")
     if under_tool(f"test_op[{case}]"):
         if case == "op-b" or (case == "op-d" and RAN):  # op-d reports only after another test ran
             report_inline()
@@ -313,6 +315,8 @@ def test_a_batch_report_lands_on_the_test_that_was_running(pytester, monkeypatch
     assert len(log.read_text().splitlines()) == 4  # test_clean's batch, test_op's, op-b and op-d alone
     # the plain run used the tool's small shapes; the tool skipped what the checks do not need
     assert set((pytester.path / "sanitizer.log.shapes").read_text().split()) == {"1"}
+    # and under the tool the float64 reference goes to the CPU, where the tool has nothing to check
+    assert sorted(set((pytester.path / "sanitizer.log.reference").read_text().splitlines())) == ["plain -", "tool cpu"]
     options = (pytester.path / "sanitizer.log.options").read_text().splitlines()[0]
     assert "--target-processes application-only" in options and "--check-device-heap no" in options
     assert "--launch-timeout 0" in options  # the tool waits for a program slow to start

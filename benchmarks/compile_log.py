@@ -1,0 +1,61 @@
+"""How much of a run's compile time went to kernels that another process was compiling too.
+
+    FLA_COMPILE_LOG=compiles.jsonl pytest ... --fla-sanitizer=memcheck -n 16
+    python benchmarks/compile_log.py compiles.jsonl
+
+Every isolated test child appends one line per Triton compile call to ``FLA_COMPILE_LOG``
+(``pytest_fla.launches``): pid, kernel, key (source, specialisation and options), seconds,
+end time. A key's first call to end is the compile that filled the cache; a call of the same
+key that began before that one ended found no cache entry either and compiled it again (a
+duplicate); a call that began after found it (a hit, fast). Prints the totals and the kernels
+with the most duplicated seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+
+def summarize(lines) -> dict:
+    calls = [json.loads(line) for line in lines if line.strip()]
+    by_key = defaultdict(list)
+    for call in calls:
+        by_key[call["key"]].append(call)
+    duplicated = defaultdict(float)
+    first_seconds = duplicate_seconds = hit_seconds = 0.0
+    duplicates = 0
+    for key, group in by_key.items():
+        first = min(group, key=lambda c: c["at"])
+        first_seconds += first["seconds"]
+        for call in group:
+            if call is first:
+                continue
+            if call["at"] - call["seconds"] < first["at"]:
+                duplicates += 1
+                duplicate_seconds += call["seconds"]
+                duplicated[call["kernel"]] += call["seconds"]
+            else:
+                hit_seconds += call["seconds"]
+    return {
+        "calls": len(calls), "keys": len(by_key), "processes": len({c["pid"] for c in calls}),
+        "seconds": sum(c["seconds"] for c in calls), "first_seconds": first_seconds,
+        "duplicates": duplicates, "duplicate_seconds": duplicate_seconds, "hit_seconds": hit_seconds,
+        "most_duplicated": sorted(duplicated.items(), key=lambda kv: -kv[1])[:10],
+    }
+
+
+def main(path: str) -> None:
+    with open(path) as f:
+        s = summarize(f)
+    print(f"compile calls {s['calls']} in {s['processes']} processes, {s['keys']} distinct kernels "
+          f"(specialisation and options): {s['seconds']:.0f} s in all; the first compile of each "
+          f"{s['first_seconds']:.0f} s, {s['duplicates']} duplicates (begun while another process compiled "
+          f"the same) {s['duplicate_seconds']:.0f} s, cache hits {s['hit_seconds']:.0f} s")
+    for kernel, seconds in s["most_duplicated"]:
+        print(f"  {seconds:8.1f} s duplicated  {kernel}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

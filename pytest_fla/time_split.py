@@ -1,0 +1,44 @@
+"""Where a test's own time goes: seconds in named parts of its work, summed over the
+process's life (compiling kernels and loading them, timed from Triton's import on by
+``launches.time_kernels``; the float64 reference, by the checks).
+
+An isolated child reports each test's share (``isolation.ChildReporter``: the parts'
+growth while the test ran); the run's report sums them beside the children's start-up and
+exit, so that a slow run says what its cores did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+COMPILING, LOADING, REFERENCE = "compiling", "loading", "reference"
+# How the report names each part
+LABELS = {COMPILING: "compiling kernels", LOADING: "loading kernels", REFERENCE: "the float64 reference"}
+
+_SPENT: dict[str, float] = {}
+
+
+def add(name: str, seconds: float) -> None:
+    _SPENT[name] = _SPENT.get(name, 0.0) + seconds
+
+
+@contextlib.contextmanager
+def part(name: str):
+    """Count the block's wall time to ``name`` (an inner part counts to both)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        add(name, time.perf_counter() - start)
+
+
+def totals() -> dict[str, float]:
+    return dict(_SPENT)
+
+
+def since(before: dict[str, float]) -> dict[str, float]:
+    """Each part's seconds since ``before`` (an earlier :func:`totals`), rounded; parts
+    that did not grow are left out."""
+    grown = {name: round(seconds - before.get(name, 0.0), 3) for name, seconds in _SPENT.items()}
+    return {name: seconds for name, seconds in grown.items() if seconds > 0}
