@@ -12,6 +12,7 @@ import time.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import triton
@@ -70,9 +71,18 @@ def target_arch() -> int:
         import torch
 
         if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            return major * 10 + minor
+            return _device_arch(torch.cuda.current_device())
     return 80
+
+
+@functools.lru_cache(maxsize=None)
+def _device_arch(index: int) -> int:
+    """A device's compute capability, asked once: every call's configs read the target, and
+    a host-bound op's call pays each microsecond (``benchmarks/results/README.md``)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor
 
 
 def shared_memory_limit(arch: int | None = None) -> int:

@@ -11,9 +11,10 @@ sequences) of all channel blocks at once. Forward, two launches:
    value. fp32, one row per chunk slot (``kernels._sequence.state_slots``). The last
    program of a (sequence, channel block) to store its map (an atomic count) then scans
    the sequence's maps, ``NC`` chunks a step (one step for T <= 4096), from the initial
-   state: the state entering every chunk, and the final state. One program does each
-   sequence's scan in a fixed order, so the result does not depend on which finished
-   last; folding it into this launch saves a launch's host time (15-30 us each, and
+   state: the state entering every chunk, and the final state, and sets the count back
+   to zero (so the forward's counters serve its backward: one fill, a launch, fewer). One
+   program does each sequence's scan in a fixed order, so the result does not depend on
+   which finished last; folding it into this launch saves a launch's host time (15-30 us each, and
    this op's forward+backward is host-bound: ``benchmarks/results/README.md``).
 2. ``_output``: per (chunk, channel block), the chunk's scan from its entering state,
    written as ``o``.
@@ -108,10 +109,14 @@ def _summary(xs, g, A, B, carry_in, init, final, done, cu_seqlens, chunk_map, T,
     bos, eos, slot0 = chunk_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
     n = tl.cdiv(eos - bos, BT)
     ND = tl.cdiv(D, BD)
-    finished = tl.atomic_add(done + i_n * ND + d0 // BD, 1, sem="acq_rel")
+    counter = done + i_n * ND + d0 // BD
+    finished = tl.atomic_add(counter, 1, sem="acq_rel")
     if finished == n - 1:
         _scan_chunk_maps(A, B, carry_in, init, final, i_n, slot0, n, cols, m_d, D, NC, BD, REVERSE, USE_INIT,
                          STORE_FINAL)
+        # every program of this sequence and block has counted: back to zero, so that the
+        # next launch on the stream (the backward's) needs no fill (``Layout.counters``)
+        tl.store(counter, 0)
 
 
 @triton.jit
@@ -153,6 +158,12 @@ class _Layout:
         self.slots = state_slots(B, T, self.N, BT, self.varlen)
         self.cfg = configs(D)
 
+    def counters(self, device) -> torch.Tensor:
+        """The summary's per (sequence, channel block) counts, zero. Each launch leaves them
+        zero again, so the forward's serve its backward: one fill a forward+backward, whose
+        host time counts (each fill is a launch; ``benchmarks/results/README.md``)."""
+        return torch.zeros(self.N * _utils.cdiv(self.D, self.cfg["chunk"]["BD"]), dtype=torch.int32, device=device)
+
     def chunk_grid(self):
         return (self.n_chunks * _utils.cdiv(self.D, self.cfg["chunk"]["BD"]),)
 
@@ -161,15 +172,14 @@ class _Layout:
         return dict(T=self.T, D=self.D, BT=BT, BD=c["BD"], IS_VARLEN=self.varlen, num_warps=c["num_warps"])
 
 
-def _scan_passes(xs, g, init, need_final, lay: _Layout, reverse: bool):
-    """Pass 1 (module docstring): the state entering every chunk, and the final one."""
+def _scan_passes(xs, g, init, need_final, lay: _Layout, reverse: bool, counters):
+    """Pass 1 (module docstring): the state entering every chunk, and the final one.
+    ``counters``: zero (``_Layout.counters``), and left zero."""
     # the maps A, B and the entering states in one allocation
     A, B, carry_in = _utils.empty((3, lay.slots, lay.D), torch.float32, g.device).unbind(0)
     final = _utils.empty((lay.N, lay.D), torch.float32, g.device) if need_final else None
     if lay.n_chunks > 0:
-        c = lay.cfg["chunk"]
-        done = torch.zeros(lay.N * _utils.cdiv(lay.D, c["BD"]), dtype=torch.int32, device=g.device)
-        _summary[lay.chunk_grid()](xs, g, A, B, carry_in, init, final, done, lay.cu_seqlens, lay.chunk_map,
+        _summary[lay.chunk_grid()](xs, g, A, B, carry_in, init, final, counters, lay.cu_seqlens, lay.chunk_map,
                                    **lay.chunk_args(), NC=lay.cfg["carry"]["NC"], REVERSE=reverse,
                                    USE_INIT=init is not None, STORE_FINAL=need_final, **COMPILE_OPTIONS)
     if need_final:
@@ -194,14 +204,16 @@ def _sequences_without_chunks(final, init, lay: _Layout) -> None:
 def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
              cu_seqlens: Optional[torch.Tensor], cu_seqlens_cpu: Optional[torch.Tensor], output_final_state: bool,
              *, keep, offsets):
-    """Passes 1-2 forward; the backward reads the output (``h_{t-1}``), nothing else."""
+    """Passes 1-2 forward; the backward reads the output (``h_{t-1}``) and the summary's
+    counters, which the forward left zero."""
     x, g, initial_state = _utils.contiguous(x, g, initial_state)
     lay = _Layout(x, cu_seqlens, offsets)
-    carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, reverse=False)
+    counters = lay.counters(x.device)
+    carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, False, counters)
     o = _utils.empty_like(x)
     if lay.n_chunks > 0:
         _output_fwd[lay.chunk_grid()](x, g, o, carry_in, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
-    return (o, final_state), ()
+    return (o, final_state), ((counters,) if keep else ())
 
 
 def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
@@ -212,7 +224,8 @@ def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, out
         do = torch.zeros_like(o)
     lay = _Layout(o, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
-    carry_in, dh0 = _scan_passes(do, g, dht, need_dh0, lay, reverse=True)
+    counters = saved[0] if saved else lay.counters(o.device)
+    carry_in, dh0 = _scan_passes(do, g, dht, need_dh0, lay, True, counters)
     dx = _utils.empty(o.shape, x.dtype, o.device)
     dg = _utils.empty_like(g)
     if lay.n_chunks > 0:

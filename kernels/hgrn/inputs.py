@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,16 +38,26 @@ def check_hgrn_inputs(op: str, x, g, initial_state, output_final_state, cu_seqle
 
 
 def configs(D: int) -> dict:
+    """The launch configs for ``D`` channels on the target arch (``_configs``), worked out
+    once per arch and size (a symbolic size, while torch.compile traces, each time)."""
+    arch = _arch.target_arch()
+    return _cached_configs(arch, D) if isinstance(D, int) else _configs(arch, D)
+
+
+def _configs(arch: int, D: int) -> dict:
     """Tiles of ``[BT, BD]`` tokens x channels, from the target's shared memory. Each level
     of a tile scan gathers rows across warps through shared memory (two fp32 tiles), and
     the kernels are memory-bound: 64 channels a tile (4 warps, several programs resident
     per SM to keep loads in flight) where the target has 100 KB or more, 32 on sm75's
     64 KB. The fused kernel takes narrower blocks so that more programs share the GPU (one
     per sequence and block walks the whole sequence)."""
-    wide = 64 if _arch.shared_memory_limit() >= 100_000 else 32
+    wide = 64 if _arch.shared_memory_limit(arch) >= 100_000 else 32
     BD = min(wide, _utils.block_size(D, 16))
     return {
         "chunk": dict(BD=BD, num_warps=4),
         "carry": dict(NC=8),  # chunk maps a step of the summary's in-launch scan (8: fewest registers, fastest; hgrn_scan_probe.py)
         "fused": dict(BD=min(32, BD), num_warps=2),
     }
+
+
+_cached_configs = functools.lru_cache(maxsize=None)(_configs)
