@@ -51,12 +51,16 @@ class ChildTime:
     exit: float = 0.0
     # in the test itself: part name -> seconds (compiling and loading kernels, the reference)
     parts: dict = field(default_factory=dict)
+    # of the start-up, the collection (from pytest's configuration to the tests collected):
+    # the rest is the interpreter, pytest's and the plugins' imports (and the tool's start)
+    collecting: float = 0.0
 
     def __add__(self, other: "ChildTime") -> "ChildTime":
         parts = dict(self.parts)
         for name, seconds in other.parts.items():
             parts[name] = parts.get(name, 0.0) + seconds
-        return ChildTime(self.seconds + other.seconds, self.startup + other.startup, self.exit + other.exit, parts)
+        return ChildTime(self.seconds + other.seconds, self.startup + other.startup, self.exit + other.exit, parts,
+                         self.collecting + other.collecting)
 
 
 @dataclass
@@ -170,6 +174,7 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
                 stderr = err.read().decode(errors="replace")
             events = _read_events(results_dir / "results.jsonl")
         startup, exiting = phases(events, spawned, ended)
+        collecting = collection_seconds(events, startup)
         began = [e["begin"] for e in events if "begin" in e]
         finished = set()
         for event in events:
@@ -188,6 +193,7 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
             outcome.time.seconds += (ended - spawned) / len(remaining)
             outcome.time.startup += startup / len(remaining)
             outcome.time.exit += exiting / len(remaining)
+            outcome.time.collecting += collecting / len(remaining)
         unfinished = [n for n in remaining if n not in finished]
         if not unfinished:
             break
@@ -231,6 +237,16 @@ def phases(events: list[dict], spawned: float, ended: float) -> tuple[float, flo
         return ended - spawned, 0.0
     startup = min(max(ready - spawned, 0.0), ended - spawned)
     return startup, (min(max(ended - done, 0.0), ended - spawned - startup) if done is not None else 0.0)
+
+
+def collection_seconds(events: list[dict], startup: float) -> float:
+    """Of a child's ``startup`` seconds, those from its pytest's configuration
+    (``configured``) to its tests' collection (``ready``); 0 without both."""
+    configured = next((e["configured"] for e in events if "configured" in e), None)
+    ready = next((e["ready"] for e in events if "ready" in e), None)
+    if configured is None or ready is None:
+        return 0.0
+    return min(max(ready - configured, 0.0), startup)
 
 
 def _run_child(command, out, err, env, cwd, progress: Path, stall_seconds: float | None) -> tuple[int, str | None]:
@@ -407,6 +423,8 @@ class ChildReporter:
         self.results_dir = Path(results_dir)
         self.wanted = (self.results_dir / "items.txt").read_text().split()
         self.out = open(self.results_dir / "results.jsonl", "a", buffering=1)
+        # made in pytest_configure: before it, the interpreter and the imports; after, collection
+        self._write({"configured": time.time()})
         self.faulted: set[str] = set()
         # Under --fla-sanitizer the parent asks how many Triton kernels each test launched
         # (a test that launched none has nothing of the kernels under test to sanitize).

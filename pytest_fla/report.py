@@ -21,6 +21,7 @@ SANITIZER_SECONDS_PROPERTY = "fla_sanitizer_seconds"  # of which under compute-s
 STARTUP_SECONDS_PROPERTY = "fla_startup_seconds"  # of which before the children's first test
 SANITIZER_STARTUP_PROPERTY = "fla_sanitizer_startup_seconds"  # of that, the tool's children
 EXIT_SECONDS_PROPERTY = "fla_exit_seconds"  # of which after the children's last test
+COLLECT_SECONDS_PROPERTY = "fla_collect_seconds"  # of the start-up, collecting the tests
 PARTS_PROPERTY = "fla_parts_seconds"  # of which in the tests: part of the work -> seconds (time_split)
 SANITIZER_PARTS_PROPERTY = "fla_sanitizer_parts_seconds"  # of those, under the tool
 SLOWEST = 5
@@ -36,6 +37,7 @@ def timing_properties(plain, tool) -> dict:
         STARTUP_SECONDS_PROPERTY: round(both.startup, 3),
         SANITIZER_STARTUP_PROPERTY: round(tool.startup, 3),
         EXIT_SECONDS_PROPERTY: round(both.exit, 3),
+        COLLECT_SECONDS_PROPERTY: round(both.collecting, 3),
         PARTS_PROPERTY: {name: round(seconds, 3) for name, seconds in both.parts.items()},
         SANITIZER_PARTS_PROPERTY: {name: round(seconds, 3) for name, seconds in tool.parts.items()},
     }
@@ -81,6 +83,7 @@ class TestRecord:
     # collection; under the tool, its start), of that the tool's children's, and after their last
     startup_seconds: float | None = None
     sanitizer_startup_seconds: float | None = None
+    collect_seconds: float | None = None  # of the start-up, collecting the tests
     exit_seconds: float | None = None
     # of the rest (the tests): part of the work -> seconds (time_split), and of those the tool's
     parts_seconds: dict | None = None
@@ -116,6 +119,7 @@ class RunReport:
             record.sanitizer_seconds = props.get(SANITIZER_SECONDS_PROPERTY)
             record.startup_seconds = props.get(STARTUP_SECONDS_PROPERTY)
             record.sanitizer_startup_seconds = props.get(SANITIZER_STARTUP_PROPERTY)
+            record.collect_seconds = props.get(COLLECT_SECONDS_PROPERTY)
             record.exit_seconds = props.get(EXIT_SECONDS_PROPERTY)
             record.parts_seconds = props.get(PARTS_PROPERTY)
             record.sanitizer_parts_seconds = props.get(SANITIZER_PARTS_PROPERTY)
@@ -158,6 +162,7 @@ class RunReport:
                     "sanitizer_seconds": r.sanitizer_seconds,
                     "startup_seconds": r.startup_seconds,
                     "sanitizer_startup_seconds": r.sanitizer_startup_seconds,
+                    "collect_seconds": r.collect_seconds,
                     "exit_seconds": r.exit_seconds,
                     "parts_seconds": r.parts_seconds,
                     "sanitizer_parts_seconds": r.sanitizer_parts_seconds,
@@ -229,8 +234,10 @@ def child_time_split(records) -> str | None:
 
     startup, exiting = summed("startup_seconds"), summed("exit_seconds")
     in_tests = named(parts("parts_seconds"))
+    collecting = summed("collect_seconds")
     line = (f"child processes: {total:.0f}s in all; {part(startup)} starting up before their first test "
-            f"(interpreter, imports, collection), {part(total - startup - exiting)} in the tests"
+            f"({part(startup - collecting)} the interpreter and imports, {part(collecting)} collection), "
+            f"{part(total - startup - exiting)} in the tests"
             f"{' (of which ' + ', '.join(in_tests) + ')' if in_tests else ''}, {part(exiting)} exiting after their last")
     tool = summed("sanitizer_seconds")
     if tool:

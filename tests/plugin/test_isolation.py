@@ -104,10 +104,12 @@ def test_the_report_splits_a_childs_time_into_start_up_tests_and_exit(pytester):
     (timed,) = json.loads((pytester.path / "report.json").read_text())["tests"]
     startup, exiting, total = timed["startup_seconds"], timed["exit_seconds"], timed["process_seconds"]
     assert 1.0 <= startup < total - 0.5  # the module's sleep at import, not the test's
+    assert 1.0 <= timed["collect_seconds"] <= startup  # the import was the collection's
     assert 0 <= exiting < total - startup - 0.5
     assert timed["sanitizer_startup_seconds"] == 0  # no tool ran
     assert re.search(r"child processes: [\d.]+s in all; [\d.]+s \(\d+%\) starting up before their first test "
-                     r"\(interpreter, imports, collection\), [\d.]+s \(\d+%\) in the tests", result.stdout.str())
+                     r"\([\d.]+s \(\d+%\) the interpreter and imports, [\d.]+s \(\d+%\) collection\), "
+                     r"[\d.]+s \(\d+%\) in the tests", result.stdout.str())
 
 
 KERNEL_SOURCE = '''
@@ -165,7 +167,7 @@ def test_the_report_times_each_tests_compiles_and_kernel_loads(pytester, monkeyp
     timed = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "report.json").read_text())["tests"]}
     both = timed["test_compiles_and_loads"]
     assert 0.05 < both["parts_seconds"]["compiling"] < both["process_seconds"]
-    assert 0.3 <= both["parts_seconds"]["loading"] < 0.5
+    assert 0.3 <= both["parts_seconds"]["loading"] < 0.6  # the stand-in's sleep, counted once
     assert timed["test_neither"]["parts_seconds"] == {}
     assert both["sanitizer_parts_seconds"] == {}  # no tool ran
     assert re.search(r"in the tests \(of which [\d.]+s \(\d+%\) compiling kernels, [\d.]+s \(\d+%\) loading kernels\)",
@@ -182,6 +184,18 @@ def test_a_childs_phases_from_its_events(events, split):
     from pytest_fla.isolation import phases
 
     assert phases(events, spawned=10.0, ended=20.0) == split
+
+
+@pytest.mark.parametrize("events, collecting", [
+    ([{"configured": 11.0}, {"ready": 12.5}], 1.5),
+    ([{"configured": 11.0}], 0.0),  # died while collecting: no split
+    ([{"configured": 13.0}, {"ready": 12.0}], 0.0),  # clocks that disagree count nothing
+    ([{"configured": 0.0}, {"ready": 12.0}], 2.0),  # never more than the start-up
+])
+def test_a_childs_collection_from_its_events(events, collecting):
+    from pytest_fla.isolation import collection_seconds
+
+    assert collection_seconds(events, startup=2.0) == collecting
 
 
 def test_children_keep_bytecode_in_a_shared_cache_where_none_is_written_or_installed(tmp_path, monkeypatch):
