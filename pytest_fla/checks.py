@@ -12,9 +12,9 @@ import zlib
 
 import torch
 
-from . import gpu_share, time_split
+from . import gpu_share
 from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
-from .devices import home_device, moved, reference_device
+from .devices import reference_call
 from .gpu_memory import forward_bytes, released_on_error
 from .launches import observe_launches
 from .packings import Packing
@@ -63,15 +63,8 @@ def run_with_grads(fn, sample: Sample, names, grad_outputs=None, *, upcast=False
     """
     if not upcast:
         return _run_with_grads(fn, sample, names, grad_outputs, upcast, seed)
-    with time_split.part(time_split.REFERENCE):
-        elsewhere = reference_device()
-        if elsewhere is None:
-            return _run_with_grads(fn, sample, names, grad_outputs, upcast, seed)
-        home = home_device(sample.kwargs.values())
-        outputs, grads, upstream = _run_with_grads(fn, Sample(moved(sample.kwargs, elsewhere)), names,
-                                                   moved(grad_outputs, elsewhere), upcast, seed)
-        return moved(outputs, home), moved(grads, home), (grad_outputs if grad_outputs is not None
-                                                          else moved(upstream, home))
+    return reference_call(lambda kwargs, upstream: _run_with_grads(fn, Sample(kwargs), names, upstream, upcast, seed),
+                          sample.kwargs, grad_outputs)
 
 
 def _run_with_grads(fn, sample: Sample, names, grad_outputs, upcast: bool, seed: int):

@@ -58,6 +58,20 @@ def reference_device() -> str | None:
     return os.environ.get(REFERENCE_DEVICE_ENV) or None
 
 
+def reference_call(call, kwargs: dict, *rest):
+    """``call(kwargs, *rest)``, the float64 reference's work, timed as its part of the test
+    (``time_split``) and run on ``reference_device``: every tensor in the arguments moved
+    there, every tensor in the result moved back to the device of ``kwargs``' first one."""
+    from . import time_split
+
+    with time_split.part(time_split.REFERENCE):
+        elsewhere = reference_device()
+        if elsewhere is None:
+            return call(kwargs, *rest)
+        home = home_device(kwargs.values())
+        return moved(call(moved(kwargs, elsewhere), *moved(rest, elsewhere)), home)
+
+
 def moved(value, device):
     """``value`` with every tensor in it (through tuples, lists and dicts) on ``device``."""
     import torch

@@ -182,15 +182,10 @@ class OpSpec:
     def call_reference(self, sample: Sample, dtype: str | None = None):
         """The reference's outputs for ``sample``, on the sample's device (computed where
         ``devices.reference_device`` says)."""
-        from . import time_split
-        from .devices import home_device, moved, reference_device
+        from .devices import reference_call
 
-        with time_split.part(time_split.REFERENCE):
-            elsewhere = reference_device()
-            if elsewhere is None:
-                return as_tuple(self.reference_for(dtype)(**sample.kwargs))
-            home = home_device(sample.kwargs.values())
-            return moved(as_tuple(self.reference_for(dtype)(**moved(sample.kwargs, elsewhere))), home)
+        fn = self.reference_for(dtype)
+        return reference_call(lambda kwargs: as_tuple(fn(**kwargs)), sample.kwargs)
 
     def case(self, name: str) -> Case:
         for c in self.cases:

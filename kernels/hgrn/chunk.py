@@ -157,15 +157,16 @@ class _Layout:
             self.n_chunks = B * _utils.cdiv(T, BT)
         self.slots = state_slots(B, T, self.N, BT, self.varlen)
         self.cfg = configs(D)
+        self.channel_blocks = _utils.cdiv(D, self.cfg["chunk"]["BD"])
 
     def counters(self, device) -> torch.Tensor:
         """The summary's per (sequence, channel block) counts, zero. Each launch leaves them
         zero again, so the forward's serve its backward: one fill a forward+backward, whose
         host time counts (each fill is a launch; ``benchmarks/results/README.md``)."""
-        return torch.zeros(self.N * _utils.cdiv(self.D, self.cfg["chunk"]["BD"]), dtype=torch.int32, device=device)
+        return torch.zeros(self.N * self.channel_blocks, dtype=torch.int32, device=device)
 
     def chunk_grid(self):
-        return (self.n_chunks * _utils.cdiv(self.D, self.cfg["chunk"]["BD"]),)
+        return (self.n_chunks * self.channel_blocks,)
 
     def chunk_args(self):
         c = self.cfg["chunk"]
