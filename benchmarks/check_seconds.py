@@ -4,7 +4,9 @@ JSON (each test's duration in the worker that ran it):
     python benchmarks/check_seconds.py benchmarks/results/<dir>/<report>.json[.gz] [--check error_inputs]
 
 prints, per check, the tests, their seconds (the sum, and its share of the run's), the median
-and the largest; with ``--check``, the same per op within that check. A check whose median is
+and the largest, and where the report has them, the seconds of each part of the tests' work
+(``pytest_fla.time_split``: drawing inputs, the float64 reference, compiling and loading
+kernels); with ``--check``, the same per op within that check. A check whose median is
 far above what its work needs points at the inputs it builds, not at the kernels (the
 error-input checks at GPU sizes: ``benchmarks/results/README.md``).
 """
@@ -26,13 +28,20 @@ def load(path: str) -> list[dict]:
 
 def table(tests: list[dict], key: str) -> str:
     groups = collections.defaultdict(list)
+    parts = collections.defaultdict(lambda: collections.defaultdict(float))
     for test in tests:
-        groups[test.get(key) or "-"].append(test["duration"] or 0.0)
+        group = test.get(key) or "-"
+        groups[group].append(test["duration"] or 0.0)
+        for part, seconds in (test.get("parts_seconds") or {}).items():
+            parts[group][part] += seconds
+    names = sorted({part for spent in parts.values() for part in spent})
     total = sum(sum(d) for d in groups.values()) or 1.0
-    lines = [f"| {key} | tests | seconds | share | median s | largest s |", "|---|---|---|---|---|---|"]
+    lines = [f"| {key} | tests | seconds | share | median s | largest s |" + "".join(f" {n} s |" for n in names),
+             "|---|---|---|---|---|---|" + "---|" * len(names)]
     for name, durations in sorted(groups.items(), key=lambda item: -sum(item[1])):
         lines.append(f"| {name} | {len(durations)} | {sum(durations):.0f} | {100 * sum(durations) / total:.0f}% "
-                     f"| {statistics.median(durations):.2f} | {max(durations):.2f} |")
+                     f"| {statistics.median(durations):.2f} | {max(durations):.2f} |"
+                     + "".join(f" {parts[name].get(n, 0.0):.1f} |" for n in names))
     return "\n".join(lines)
 
 

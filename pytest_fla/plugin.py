@@ -232,6 +232,11 @@ def pytest_configure(config):
     if role == "controller":
         state.report = run_report.RunReport(state.targets)
         config.pluginmanager.register(ReportCollector(state.report), "fla-report")
+    if config.option.fla_report and role != "child":
+        # the report splits the time of tests run in this process (pytest_runtest_call)
+        from .launches import time_kernels_from_import
+
+        time_kernels_from_import()
     config.stash[RUN] = state
 
 
@@ -438,6 +443,23 @@ def _batch(item, nextitem, state) -> list:
         and (queued is None or index in queued or other is nextitem)
         and not (state.tools and skipped_under_tools(item.config, other))
     ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Under ``--fla-report``, a test run in this process records where its time went
+    (``time_split``: drawing inputs, the float64 reference, compiling and loading kernels),
+    as an isolated child's reporter does for the tests it runs."""
+    state = item.config.stash.get(RUN, None)
+    if state is None or state.role == "child" or not item.config.option.fla_report:
+        return (yield)
+    from . import time_split
+
+    before = time_split.totals()
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append((run_report.PARTS_PROPERTY, time_split.since(before)))
 
 
 @pytest.hookimpl(wrapper=True)

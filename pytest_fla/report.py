@@ -121,8 +121,9 @@ class RunReport:
             record.sanitizer_startup_seconds = props.get(SANITIZER_STARTUP_PROPERTY)
             record.collect_seconds = props.get(COLLECT_SECONDS_PROPERTY)
             record.exit_seconds = props.get(EXIT_SECONDS_PROPERTY)
-            record.parts_seconds = props.get(PARTS_PROPERTY)
             record.sanitizer_parts_seconds = props.get(SANITIZER_PARTS_PROPERTY)
+        if PARTS_PROPERTY in props:  # an isolated test's (its children's), or one run in its worker
+            record.parts_seconds = props[PARTS_PROPERTY]
         if report.failed:
             if record.outcome != "failed":
                 record.reason = outcome_reason(report)
@@ -200,10 +201,27 @@ class RunReport:
         if timed:
             out.append("slowest checks:")
             out += [f"  {cost(r):8.2f}s  {r.arch:<11} {r.nodeid}{cost_detail(r)}" for r in timed]
-        split = child_time_split(self.records.values())
-        if split:
-            out.append(split)
+        for split in (child_time_split(self.records.values()), in_process_time_split(self.records.values())):
+            if split:
+                out.append(split)
         return out
+
+
+def in_process_time_split(records) -> str | None:
+    """One line: where the time of the tests run in the run's own processes (not isolated)
+    went, by part of their work; or None without such tests."""
+    timed = [r for r in records if r.process_seconds is None and r.parts_seconds is not None]
+    if not timed:
+        return None
+    total = sum(r.duration for r in timed)
+    spent: dict = {}
+    for r in timed:
+        for name, seconds in r.parts_seconds.items():
+            spent[name] = spent.get(name, 0.0) + seconds
+    shares = [f"{spent[name]:.0f}s ({100 * spent[name] / total:.0f}%) {time_split.LABELS.get(name, name)}"
+              for name in sorted(spent)] if total > 0 else []
+    return (f"tests run in their workers: {total:.0f}s in all"
+            + (f", of which {', '.join(shares)}" if shares else ""))
 
 
 def child_time_split(records) -> str | None:

@@ -160,10 +160,13 @@ class OpSpec:
     def sample(self, case: Case, dtype: str = "fp32", device="cpu", seed: int = 0, lengths=None) -> Sample:
         import torch
 
+        from . import time_split
+
         device = torch.device(device)
         case = dataclasses.replace(case, dims=case.dims_for(device))
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        return self.factory(case, torch_dtype(dtype), device, gen, lengths)
+        with time_split.part(time_split.INPUTS):
+            return self.factory(case, torch_dtype(dtype), device, gen, lengths)
 
     def call(self, sample: Sample):
         """Run the op; always returns a tuple of outputs (``None`` where absent)."""

@@ -1,10 +1,12 @@
 """Where a test's own time goes: seconds in named parts of its work, summed over the
 process's life (compiling kernels and loading them, timed from Triton's import on by
-``launches.time_kernels``; the float64 reference, by the checks).
+``launches.time_kernels``; drawing a sample's inputs, by ``OpSpec.sample``; the float64
+reference, by the checks).
 
-An isolated child reports each test's share (``isolation.ChildReporter``: the parts'
-growth while the test ran); the run's report sums them beside the children's start-up and
-exit, so that a slow run says what its cores did.
+Each test's share is the parts' growth while it ran: an isolated child reports it
+(``isolation.ChildReporter``), and so does a process running its tests itself under
+``--fla-report`` (the plugin's ``pytest_runtest_call``). The run's report sums them, beside
+the children's start-up and exit, so that a slow run says what its cores did.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import time
 
-COMPILING, LOADING, REFERENCE = "compiling", "loading", "reference"
+COMPILING, LOADING, INPUTS, REFERENCE = "compiling", "loading", "inputs", "reference"
 # How the report names each part
-LABELS = {COMPILING: "compiling kernels", LOADING: "loading kernels", REFERENCE: "the float64 reference"}
+LABELS = {COMPILING: "compiling kernels", LOADING: "loading kernels", INPUTS: "drawing inputs",
+          REFERENCE: "the float64 reference"}
 
 _SPENT: dict[str, float] = {}
 

@@ -142,3 +142,40 @@ def pytest_fla_specs(config):
     args = ("-q", "--fla-isolate=test", "-k", "every_output_written")
     run(pytester, *args).assert_outcomes(passed=1)
     run(pytester, *args, "--fla-impl=buggy").assert_outcomes(failed=1)
+
+
+SLOW_PARTS = '''
+import time
+from pytest_fla.api import Arg, Case, make_factory, op_spec
+import toy_ops
+
+ARGS = {"x": Arg(("B", "T", "D")), "w": Arg(("D",), "positive")}
+draw = make_factory(ARGS)
+
+def slow_draw(*args):
+    time.sleep(0.2)
+    return draw(*args)
+
+def slow_reference(x, w, alpha=2.0):
+    time.sleep(0.1)
+    return toy_ops.scale_reference(x, w, alpha)
+
+def pytest_fla_specs(config):
+    return [op_spec("scale", op=toy_ops.scale, reference=slow_reference, args=ARGS, factory=slow_draw,
+                    cases=(Case("small", {"B": 2, "T": 5, "D": 8}),), outputs=("y",), varlen=False)]
+'''
+
+
+@cpu_only
+def test_the_report_splits_the_time_of_tests_run_in_their_worker(pytester):
+    """Without isolation too, a report says what a test's time went to: here its inputs
+    (a 0.2 s draw) and its float64 reference (0.1 s a call)."""
+    pytester.makepyfile(toy_ops=OPS, conftest=SLOW_PARTS, test_conformance=TESTS)
+    report = pytester.path / "report.json"
+    result = run(pytester, "-k", "test_forward and fp32", f"--fla-report={report}")
+    result.assert_outcomes(passed=1)
+    (test,) = json.loads(report.read_text())["tests"]
+    assert test["process_seconds"] is None  # run in the worker, not a child
+    assert test["parts_seconds"]["inputs"] >= 0.2 and test["parts_seconds"]["reference"] >= 0.1
+    assert test["parts_seconds"]["inputs"] + test["parts_seconds"]["reference"] <= test["duration"]
+    assert "tests run in their workers:" in result.stdout.str() and "drawing inputs" in result.stdout.str()
