@@ -113,6 +113,8 @@ case "$part" in
     echo "== emulated sm80:"; grep -E "FAILED" "$LOGS/emulated_sm80.log" | head; tail -n 2 "$LOGS/emulated_sm80.log"
     echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -40
     echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
+    grep -E "^tests run in their workers:" "$LOGS/tests.log"  # where the tests' seconds went (time_split)
+    [ -s "$LOGS/report.json" ] && python3 benchmarks/check_seconds.py "$LOGS/report.json" | head -n 14
     head -n 8 "$LOGS/errors.md"
     ;;
   torchcompile)
