@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-from . import time_split
 from .report import PARTS_PROPERTY, annotate, timing_properties
 
 STDERR_TAIL_LINES = 40
@@ -429,11 +428,6 @@ class ChildReporter:
         # Under --fla-sanitizer the parent asks how many Triton kernels each test launched
         # (a test that launched none has nothing of the kernels under test to sanitize).
         self.count_launches = os.environ.get(COUNT_LAUNCHES_ENV) == "1"
-        # Of each test's time, what went to compiling kernels and loading them, from Triton's
-        # import on (a child whose tests never import it does not pay for its import).
-        from .launches import time_kernels_from_import
-
-        time_kernels_from_import()
         # A child that stops making progress (seen under compute-sanitizer: children waiting
         # at their first test with the CPU and the GPU idle) shows where it waits: SIGUSR1
         # writes every thread's Python stack to its stderr, which the parent keeps.
@@ -471,13 +465,9 @@ class ChildReporter:
             from .launches import observe_launches
 
             counting = observe_launches()
-        before = time_split.totals()
         try:
             with counting as launches:
-                try:
-                    result = yield
-                finally:
-                    item.user_properties.append((PARTS_PROPERTY, time_split.since(before)))
+                result = yield
                 if launches is not None:
                     item.user_properties.append((LAUNCHES_PROPERTY, launches.count))
         except BaseException:

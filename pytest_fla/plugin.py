@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import compile_check, distribute, interpreter, poison, registry, repro, sanitizer, targets, toolchain
+from . import compile_check, distribute, interpreter, poison, registry, repro, sanitizer, targets, time_split, toolchain
 from . import report as run_report
 from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
@@ -232,8 +232,9 @@ def pytest_configure(config):
     if role == "controller":
         state.report = run_report.RunReport(state.targets)
         config.pluginmanager.register(ReportCollector(state.report), "fla-report")
-    if config.option.fla_report and role != "child":
-        # the report splits the time of tests run in this process (pytest_runtest_call)
+    if _splits_test_time(config, role):
+        # of each test's time, what went to compiling kernels and loading them, from Triton's
+        # import on (a process whose tests never import it does not pay for its import)
         from .launches import time_kernels_from_import
 
         time_kernels_from_import()
@@ -445,16 +446,19 @@ def _batch(item, nextitem, state) -> list:
     ]
 
 
+def _splits_test_time(config, role: str) -> bool:
+    """Whether this process records where each of its tests' time went (``time_split``): a
+    child always (its parent reports it), any other process under ``--fla-report``."""
+    return role == "child" or bool(config.option.fla_report)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """Under ``--fla-report``, a test run in this process records where its time went
-    (``time_split``: drawing inputs, the float64 reference, compiling and loading kernels),
-    as an isolated child's reporter does for the tests it runs."""
+    """A test run in this process records where its time went (``time_split``: drawing
+    inputs, the float64 reference, compiling and loading kernels), where that is wanted."""
     state = item.config.stash.get(RUN, None)
-    if state is None or state.role == "child" or not item.config.option.fla_report:
+    if state is None or not _splits_test_time(item.config, state.role):
         return (yield)
-    from . import time_split
-
     before = time_split.totals()
     try:
         return (yield)

@@ -214,14 +214,27 @@ def in_process_time_split(records) -> str | None:
     if not timed:
         return None
     total = sum(r.duration for r in timed)
-    spent: dict = {}
-    for r in timed:
-        for name, seconds in r.parts_seconds.items():
-            spent[name] = spent.get(name, 0.0) + seconds
-    shares = [f"{spent[name]:.0f}s ({100 * spent[name] / total:.0f}%) {time_split.LABELS.get(name, name)}"
-              for name in sorted(spent)] if total > 0 else []
+    shares = named_shares(summed_parts(timed, "parts_seconds"), total)
     return (f"tests run in their workers: {total:.0f}s in all"
             + (f", of which {', '.join(shares)}" if shares else ""))
+
+
+def summed_parts(records, name: str) -> dict:
+    """Each part's seconds (``time_split``) summed over ``records``' ``name`` dicts."""
+    total: dict = {}
+    for r in records:
+        for part, seconds in (getattr(r, name) or {}).items():
+            total[part] = total.get(part, 0.0) + seconds
+    return total
+
+
+def share(seconds: float, total: float) -> str:
+    return f"{seconds:.0f}s ({100 * seconds / total:.0f}%)" if total > 0 else f"{seconds:.0f}s"
+
+
+def named_shares(spent: dict, total: float) -> list[str]:
+    """Each part as "12s (3%) drawing inputs", in name order."""
+    return [f"{share(spent[name], total)} {time_split.LABELS.get(name, name)}" for name in sorted(spent)]
 
 
 def child_time_split(records) -> str | None:
@@ -235,23 +248,13 @@ def child_time_split(records) -> str | None:
     def summed(name: str) -> float:
         return sum(getattr(r, name) or 0.0 for r in timed)
 
-    def parts(name: str) -> dict:
-        total = {}
-        for r in timed:
-            for part, seconds in (getattr(r, name) or {}).items():
-                total[part] = total.get(part, 0.0) + seconds
-        return total
-
     total = summed("process_seconds")
 
     def part(seconds: float) -> str:
-        return f"{seconds:.0f}s ({100 * seconds / total:.0f}%)" if total > 0 else f"{seconds:.0f}s"
-
-    def named(spent: dict) -> list[str]:
-        return [f"{part(spent[name])} {time_split.LABELS.get(name, name)}" for name in sorted(spent)]
+        return share(seconds, total)
 
     startup, exiting = summed("startup_seconds"), summed("exit_seconds")
-    in_tests = named(parts("parts_seconds"))
+    in_tests = named_shares(summed_parts(timed, "parts_seconds"), total)
     collecting = summed("collect_seconds")
     line = (f"child processes: {total:.0f}s in all; {part(startup)} starting up before their first test "
             f"({part(startup - collecting)} the interpreter and imports, {part(collecting)} collection), "
@@ -260,7 +263,7 @@ def child_time_split(records) -> str | None:
     tool = summed("sanitizer_seconds")
     if tool:
         line += ("; under the sanitizer " + ", of which ".join([part(tool), ", ".join(
-            [f"{part(summed('sanitizer_startup_seconds'))} starting up"] + named(parts("sanitizer_parts_seconds")))]))
+            [f"{part(summed('sanitizer_startup_seconds'))} starting up"] + named_shares(summed_parts(timed, "sanitizer_parts_seconds"), total))]))
     return line
 
 
