@@ -228,12 +228,35 @@ VARIANTS["fused_recurrent_rwkv6"] = {
     "dq pass BV 64, 4 warps": _recurrent(dq=(64, 4)),
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
+def _norm_fwd(elements: int, warps: int | None = None):
+    """The norms' forward row tile: about ``elements`` values a program, ``warps`` warps."""
+    def wrap(base):
+        import kernels.norm as norm
+
+        def tile(D):
+            rows, block_d, default_warps = norm._tile_config(D, elements)
+            return rows, block_d, warps or default_warps
+        return tile
+    return ("kernels.norm", "_forward_tile", wrap)
+
+
+NORM_FORWARD = {
+    "fwd tile 1024": _norm_fwd(1024),
+    "fwd tile 2048, 4 warps": _norm_fwd(2048, 4),
+    "fwd tile 4096": _norm_fwd(4096),
+    "fwd tile 4096, 8 warps": _norm_fwd(4096, 8),
+    "fwd tile 8192": _norm_fwd(8192),
+    "fwd tile 16384": _norm_fwd(16384),
+}
 VARIANTS["rms_norm_gated"] = {
     "default": [],
+    **NORM_FORWARD,
     "bwd tile 4096": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 4096),
     "bwd tile 8192": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 8192),
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
 }
+VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD}
+VARIANTS["l2norm"] = {"default": [], **NORM_FORWARD}
 VARIANTS["rotary"] = {
     "default": [],
     "tile 4096": ("kernels.rotary", "_tile_config", lambda base: lambda H, width, elements=8192: base(H, width, 4096)),

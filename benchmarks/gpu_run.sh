@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU, interleaved
 #                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine)
 #   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
-#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it)
+#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it; FLA_SWEEP_ROUNDS)
 #   bash benchmarks/gpu_run.sh ncu        # hardware counters (occupancy, stall reasons) of the chunk-parallel level
 #                                         # kernels, one launch each (FLA_NCU_OPS=a,b; FLA_NCU_KERNELS: a name regex)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
@@ -68,6 +68,7 @@ case "$part" in
     timeout 330 python3 benchmarks/config_sweep.py --phase compile --jobs "${FLA_SWEEP_JOBS:-16}" --baseline .carry/baseline \
       ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} > "$LOGS/sweep_compile.log" 2>&1
     timeout -s INT "${FLA_SWEEP_TIMEOUT:-230}" python3 benchmarks/config_sweep.py --phase time --baseline .carry/baseline --profile \
+      --rounds "${FLA_SWEEP_ROUNDS:-3}" \
       ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
     echo "== compile:"; tail -n 5 "$LOGS/sweep_compile.log"
     echo "== sweep:"; grep -v '^{' "$LOGS/sweep.log"

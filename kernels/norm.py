@@ -159,6 +159,8 @@ def _norm_bwd_kernel(
 # H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
 # at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
 BWD_TILE_ELEMENTS = 8192
+# Values per row tile of the forward (config_sweep.py times others)
+FWD_TILE_ELEMENTS = 2048
 
 
 def _tile_config(D: int, elements: int):
@@ -167,6 +169,10 @@ def _tile_config(D: int, elements: int):
     BLOCK_R = max(1, elements // BLOCK_D)
     num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 256))
     return BLOCK_R, BLOCK_D, num_warps
+
+
+def _forward_tile(D: int):
+    return _tile_config(D, FWD_TILE_ELEMENTS)
 
 
 def _rows_view(t: torch.Tensor) -> torch.Tensor:
@@ -186,7 +192,7 @@ def _forward(x, g, weight, bias, eps, mean, gate):
     rows = x2.shape[0]
     y = _utils.empty((rows, D), x.dtype, x.device)
     if rows > 0:
-        BLOCK_R, BLOCK_D, num_warps = _tile_config(D, 2048)
+        BLOCK_R, BLOCK_D, num_warps = _forward_tile(D)
         _norm_fwd_kernel[(_utils.cdiv(rows, BLOCK_R),)](
             x2, g2, weight, bias, y,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
