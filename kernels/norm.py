@@ -159,8 +159,11 @@ def _norm_bwd_kernel(
 # H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
 # at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
 BWD_TILE_ELEMENTS = 8192
-# Values per row tile of the forward (config_sweep.py times others)
-FWD_TILE_ELEMENTS = 2048
+# Values per row tile of the forward (config_sweep.py times others). On the H100 (bf16,
+# 262144 rows of 128, 7 rounds) 4096 was the fastest of 1024-16384 for all three norms:
+# rms_norm_gated 0.2683 ms against 0.2690 at 2048, rms_norm and l2norm 0.1817 against
+# 0.1820; all within 1% of the copy floor (benchmarks/results/, the sweep of 2026-11-27)
+FWD_TILE_ELEMENTS = 4096
 
 
 def _tile_config(D: int, elements: int):
