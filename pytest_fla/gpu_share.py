@@ -10,6 +10,11 @@ A process waiting to hold it alone goes first (it takes a turnstile that new sha
 holders must pass), or a steady stream of shared holders could keep it waiting until the
 run's end. Locks are ``flock`` on files in the temp directory, named by the physical GPU,
 so they work across unrelated processes and vanish with them.
+
+A process that gives way to an exclusive holder (it leaves a shared hold, or waits for
+one, while another waits to be alone) first returns its allocator's cached, unused memory
+to the device: on the H100 the 2**31-element checks found 47-49 of 79 GiB free when alone,
+the rest cached by the 15 other workers, and skipped every op needing 48-68 GiB.
 """
 
 from __future__ import annotations
@@ -18,17 +23,32 @@ import contextlib
 import fcntl
 import os
 import tempfile
+from typing import Callable
 
 _SHARES: dict[str, "GpuShare"] = {}
 
 
 class GpuShare:
-    def __init__(self, name: str, directory: str | None = None):
+    """``release``: called where this process gives way to an exclusive holder, and once
+    it holds the GPU alone (``for_device`` passes ``torch.cuda.empty_cache``)."""
+
+    def __init__(self, name: str, directory: str | None = None, release: Callable[[], None] | None = None):
         base = os.path.join(directory or tempfile.gettempdir(), f"pytest-fla-gpu-{name}")
         self._lock = open(base + ".lock", "a")
         self._turnstile = open(base + ".turnstile", "a")
+        self._release = release or (lambda: None)
         self._shared_depth = 0
         self._alone = False
+
+    def _exclusive_waiting(self) -> bool:
+        """Whether another process holds the turnstile: it waits to be alone (or, for an
+        instant, passes it on its way to a shared hold, which costs one needless release)."""
+        try:
+            fcntl.flock(self._turnstile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        return False
 
     @contextlib.contextmanager
     def shared(self):
@@ -40,6 +60,8 @@ class GpuShare:
             finally:
                 self._shared_depth -= 1
             return
+        if self._exclusive_waiting():
+            self._release()
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         fcntl.flock(self._lock, fcntl.LOCK_SH)
         fcntl.flock(self._turnstile, fcntl.LOCK_UN)
@@ -48,6 +70,8 @@ class GpuShare:
             yield
         finally:
             self._shared_depth = 0
+            if self._exclusive_waiting():
+                self._release()
             fcntl.flock(self._lock, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
@@ -63,6 +87,7 @@ class GpuShare:
         fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         self._alone = True
+        self._release()  # its own cache too, so that the free memory it reads is all there is
         try:
             yield
         finally:
@@ -83,7 +108,9 @@ def for_device(device) -> GpuShare:
     """The share of ``device`` (a torch CUDA device), one per GPU per process."""
     name = physical_gpu(device.index or 0)
     if name not in _SHARES:
-        _SHARES[name] = GpuShare(name)
+        import torch
+
+        _SHARES[name] = GpuShare(name, release=torch.cuda.empty_cache)
     return _SHARES[name]
 
 

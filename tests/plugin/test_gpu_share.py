@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import queue
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from pytest_fla.gpu_share import GpuShare, physical_gpu
 
 def _hold(directory, mode, seconds, log, start_after=0.0):
     time.sleep(start_after)
-    share = GpuShare("test", directory)
+    share = GpuShare("test", directory, release=lambda: log.put((mode, "release", time.monotonic())))
     outer = contextlib.nullcontext() if mode == "nested_bare" else share.shared()
     with outer:
         if mode.startswith("nested"):
@@ -45,8 +46,16 @@ def _run(tmp_path, plan):
     for p in procs:
         p.join(30)
         assert p.exitcode == 0, "a holder hung or failed (deadlock?)"
-    events = [log.get(timeout=5) for _ in range(2 * len(plan))]
-    return sorted(events, key=lambda e: e[2])
+    events = [log.get(timeout=5) for _ in range(2 * len(plan))]  # every holder's "in" and "out"
+    while True:
+        try:
+            events.append(log.get(timeout=0.5))
+        except queue.Empty:
+            return sorted(events, key=lambda e: e[2])
+
+
+def _releases(events, mode):
+    return [t for m, w, t in events if m == mode and w == "release"]
 
 
 def _intervals(events, mode):
@@ -70,6 +79,25 @@ def test_an_exclusive_holder_runs_alone_and_before_later_shared_ones(tmp_path):
     (l0, l1), = _intervals(events, "late")
     assert x0 >= s1, "the exclusive holder started while a shared one still ran"
     assert l0 >= x1, "a later shared holder ran beside (or before) the waiting exclusive one"
+
+
+def test_holders_give_their_cached_memory_back_to_an_exclusive_one(tmp_path):
+    # the shared holder leaves while the exclusive one waits, the late one arrives behind
+    # it: both release (torch's empty_cache in a run) before the exclusive holder starts,
+    # which releases its own too; the free memory it reads is then all there is
+    events = _run(tmp_path, [("shared", 0.8, 0.0), ("alone", 0.4, 0.2), ("late", 0.2, 0.4)])
+    (x0, x1), = _intervals(events, "alone")
+    (s0, s1), = _intervals(events, "shared")
+    assert [t for t in _releases(events, "shared") if t > s0] and max(_releases(events, "shared")) <= x0, \
+        "the shared holder left without giving its memory back before the exclusive one ran"
+    assert _releases(events, "late") and min(_releases(events, "late")) <= x0
+    assert _releases(events, "alone") and x0 - 0.2 <= min(_releases(events, "alone")) <= x0 + 0.2
+
+
+def test_shared_holders_keep_their_cached_memory_with_no_exclusive_one(tmp_path):
+    events = _run(tmp_path, [("shared", 0.4, 0.0), ("late", 0.2, 0.1)])
+    assert not _releases(events, "shared") and not _releases(events, "late"), \
+        "memory given back with no one waiting to be alone: the next check pays the allocations again"
 
 
 def test_two_exclusive_holders_inside_shared_holds_do_not_deadlock(tmp_path):
