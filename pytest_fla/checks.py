@@ -12,7 +12,7 @@ import zlib
 
 import torch
 
-from . import gpu_share
+from . import gpu_share, inputs
 from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
 from .devices import reference_call
 from .gpu_memory import forward_bytes, released_on_error
@@ -41,7 +41,7 @@ def cotangents(outputs, seed: int) -> list:
         if o is None:
             grads.append(None)
         else:
-            grads.append(torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype))
+            grads.append(torch.randn(o.shape, generator=gen, dtype=inputs.DRAW_DTYPE).to(o.device, o.dtype))
     return grads
 
 

@@ -54,9 +54,17 @@ class Arg:
     scale: float = 1.0
 
 
+# The normal draws are float32: every sample is rounded to its dtype (bf16, fp32) before
+# any kernel or reference sees it, and the CPU's float32 randn is several times faster.
+# At the H100 sizes, drawing chunk_dplr_delta_rule's realistic_large sample took 12.8 s in
+# float64 against 1.8 s (chunk_gla 5.1 against 1.1) on one core, and drawing inputs was a
+# quarter of the suite's test seconds there (benchmarks/results/README.md).
+DRAW_DTYPE = torch.float32
+
+
 def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
-    """Float64 values of one argument, on the CPU."""
-    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    """Values of one argument (``DRAW_DTYPE``), on the CPU."""
+    x = torch.randn(shape, generator=gen, dtype=DRAW_DTYPE)
     if kind == "normal":
         return x
     if kind == "state":
@@ -66,7 +74,7 @@ def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
     if kind == "log_gate":
         return F.logsigmoid(x) / GATE_NORMALIZER[dist]
     if kind == "head_gate":
-        h = torch.arange(shape[-1], dtype=torch.float64)
+        h = torch.arange(shape[-1], dtype=DRAW_DTYPE)
         return torch.log1p(-torch.pow(2.0, -5.0 - h)) * (8.0 / GATE_NORMALIZER[dist])
     if kind == "beta":
         return torch.sigmoid(x)
@@ -121,7 +129,7 @@ def make_factory(
             case = prepare(case)
         dims = resolve_dims(case, lengths)
         kwargs: dict = {}
-        drawn: dict = {}  # float64 values, for the arguments coupled to them (``times``)
+        drawn: dict = {}  # the drawn values, for the arguments coupled to them (``times``)
         for name, arg in args.items():
             if arg.optional and not case.options.get(name, False):
                 continue
