@@ -102,6 +102,10 @@ case "$part" in
     echo "== planted faults:"; grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" "$LOGS/gpu_plugin_checks.faults.log" | sed 's/ - .*//' | tail -n 20
     ;;
   tests)
+    # every worker's compiles (compile_log.py), kept on the machine: a later call compares its
+    # own with them (what the Triton cache did not serve, what was new to it)
+    compiles=/tmp/fla-compiles; mkdir -p "$compiles"; earlier=$(ls -t "$compiles"/*.jsonl 2>/dev/null | head -n 1)
+    export FLA_COMPILE_LOG=$LOGS/compiles.jsonl
     ( timeout "${FLA_DIAGNOSE_TIMEOUT:-300}" python3 benchmarks/gpu_diagnose.py > "$LOGS/diagnose.log" 2>&1 ) &
     [ "${FLA_EMULATED:-1}" = 1 ] && ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
         --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
@@ -116,6 +120,8 @@ case "$part" in
     echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
     grep -E "^tests run in their workers:" "$LOGS/tests.log"  # where the tests' seconds went (time_split)
     [ -s "$LOGS/report.json" ] && python3 benchmarks/check_seconds.py "$LOGS/report.json" | head -n 14
+    [ -s "$FLA_COMPILE_LOG" ] && { python3 benchmarks/compile_log.py "$FLA_COMPILE_LOG" ${earlier:+--earlier "$earlier"}
+      cp "$FLA_COMPILE_LOG" "$compiles/$(date +%s).jsonl"; gzip "$FLA_COMPILE_LOG"; }
     head -n 8 "$LOGS/errors.md"
     ;;
   torchcompile)
