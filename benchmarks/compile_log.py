@@ -18,8 +18,8 @@ run had compiled too was not served by the cache; one whose key is new met a spe
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from collections import defaultdict
 
 
@@ -70,7 +70,8 @@ def against_earlier(lines, earlier_lines) -> dict:
 
 def main(path: str, earlier: str | None = None) -> None:
     with open(path) as f:
-        s = summarize(f)
+        lines = f.readlines()
+    s = summarize(lines)
     print(f"compile calls {s['calls']} in {s['processes']} processes, {s['keys']} distinct kernels "
           f"(specialisation and options): {s['seconds']:.0f} s in all; the first compile of each "
           f"{s['first_seconds']:.0f} s, {s['duplicates']} duplicates (begun while another process compiled "
@@ -78,8 +79,8 @@ def main(path: str, earlier: str | None = None) -> None:
     for kernel, seconds in s["most_duplicated"]:
         print(f"  {seconds:8.1f} s duplicated  {kernel}")
     if earlier:
-        with open(path) as f, open(earlier) as g:
-            split = against_earlier(f, g)
+        with open(earlier) as f:
+            split = against_earlier(lines, f)
         for name, what in (("again", "compiled again though the earlier run had (the cache did not serve them)"),
                            ("new", "new specialisations (the earlier run never met them)")):
             kernels = split[name]
@@ -89,5 +90,8 @@ def main(path: str, earlier: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    main(args[0], args[args.index("--earlier") + 1] if "--earlier" in args else None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("log", help="FLA_COMPILE_LOG of the run")
+    parser.add_argument("--earlier", help="FLA_COMPILE_LOG of an earlier run on the same Triton cache")
+    args = parser.parse_args()
+    main(args.log, args.earlier)

@@ -3,10 +3,10 @@ process's life (compiling kernels and loading them, timed from Triton's import o
 ``launches.time_kernels``; drawing a sample's inputs, by ``OpSpec.sample``; the float64
 reference, by the checks).
 
-Each test's share is the parts' growth while it ran: an isolated child reports it
-(``isolation.ChildReporter``), and so does a process running its tests itself under
-``--fla-report`` (the plugin's ``pytest_runtest_call``). The run's report sums them, beside
-the children's start-up and exit, so that a slow run says what its cores did.
+Each test's share is the parts' growth while it ran, recorded by the plugin's
+``pytest_runtest_call`` in an isolated child (always: its parent reports it) and in any
+other process under ``--fla-report``. The run's report sums them, beside the children's
+start-up and exit, so that a slow run says what its cores did.
 """
 
 from __future__ import annotations
