@@ -247,6 +247,9 @@ NORM_FORWARD = {
     "fwd tile 4096, 8 warps": _norm_fwd(4096, 8),
     "fwd tile 8192": _norm_fwd(8192),
     "fwd tile 16384": _norm_fwd(16384),
+    "fwd 4 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 4),
+    "fwd 8 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8),
+    "fwd 8 programs an SM, tile 4096": [("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8), _norm_fwd(4096)],
 }
 VARIANTS["rms_norm_gated"] = {
     "default": [],
@@ -256,6 +259,12 @@ VARIANTS["rms_norm_gated"] = {
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
 }
 VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD}
+# packed sequences' blocks as they lie, before the heaviest-first tables
+VARIANTS["parallel_attn_varlen"] = {
+    "default": [],
+    "tables in order (before)": ("kernels.attention.parallel", "_blocks_grid",
+                                 lambda base: lambda B, T, offsets, block, device, order=None: base(B, T, offsets, block, device)),
+}
 VARIANTS["l2norm"] = {"default": [], **NORM_FORWARD}
 VARIANTS["rotary"] = {
     "default": [],
@@ -302,7 +311,8 @@ def _more_programs(partials_module, factor: int):
 
     def partial_programs(device, work_items, num_warps):
         return min(work_items, factor * partials_module.partial_programs(device, work_items, num_warps))
-    return types.SimpleNamespace(partial_programs=partial_programs, column_sum=partials_module.column_sum)
+    return types.SimpleNamespace(partial_programs=partial_programs, column_sum=partials_module.column_sum,
+                                 multiprocessor_count=partials_module.multiprocessor_count)
 
 
 def variants_of(op: str) -> dict:

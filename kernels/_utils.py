@@ -98,23 +98,38 @@ def host_to_device(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device)
 
 
-def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device) -> torch.Tensor:
+# Orders of a chunk map's rows. Where programs do unequal work, the heaviest launched first
+# even out the tail of the launch (the last programs to start are then short ones):
+# under a causal mask a query block sees more keys the later it lies, a key block more
+# queries the earlier it lies. Stable sorts: ties keep sequence order.
+IN_ORDER, LATE_FIRST, EARLY_FIRST = "in_order", "late_first", "early_first"
+
+
+def chunk_map(offsets_host: torch.Tensor, chunk_size: int, device, order: str = IN_ORDER) -> torch.Tensor:
     """For packed sequences: an int32 ``[NT, 2]`` table of (sequence, chunk-in-sequence).
 
     ``offsets_host`` is the validated host copy of ``cu_seqlens``. A kernel launched over
     the NT chunks of all sequences reads its row to find which sequence and chunk it
-    owns. Zero-length sequences own no chunk. Cached per offsets object, chunk size and
-    device, so a training loop pays for the host-to-device copy once. Under
-    ``shapes_only()`` an empty table: nothing may size an output from it.
+    owns. Zero-length sequences own no chunk. ``order``: sequence by sequence
+    (``IN_ORDER``), or every sequence's chunks by descending index in it (``LATE_FIRST``)
+    or by descending count of chunks after them (``EARLY_FIRST``). Cached per offsets
+    object, chunk size, order and device, so a training loop pays for the host-to-device
+    copy once. Under ``shapes_only()`` an empty table: nothing may size an output from it.
     """
     if shapes_only():
         return torch.empty((0, 2), dtype=torch.int32, device=device)
-    key = (id(offsets_host), chunk_size, str(device))
+    key = (id(offsets_host), chunk_size, order, str(device))
     hit = _chunk_maps.get(key)
     if hit is not None and hit[0] is offsets_host:
         return hit[1]
     lengths = (offsets_host[1:] - offsets_host[:-1]).tolist()
     rows = [(n, c) for n, length in enumerate(lengths) for c in range(cdiv(length, chunk_size))]
+    if order == LATE_FIRST:
+        rows.sort(key=lambda row: -row[1])
+    elif order == EARLY_FIRST:
+        rows.sort(key=lambda row: row[1] - cdiv(lengths[row[0]], chunk_size))
+    elif order != IN_ORDER:
+        raise ValueError(f"chunk_map: unknown order {order!r}")
     table = torch.tensor(rows if rows else [[0, 0]], dtype=torch.int32).reshape(-1, 2)[: len(rows)]
     if len(_chunk_maps) > 256:
         _chunk_maps.clear()

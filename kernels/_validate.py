@@ -220,6 +220,7 @@ def check_cu_seqlens(op: str, cu_seqlens, cu_seqlens_cpu, *, batch: int, T: int,
         # Values are not traceable: the op's real implementation checks them when it runs
         # (kernels/_library.py), with the same errors, before any launch.
         return None
+    if cu_seqlens_cpu is not None:
         # Cached per object like the device tensor below, so that the host copy (and the
         # chunk maps keyed on it) stays the same object across calls, int32 input or not.
         host = _cached_host_offsets(cu_seqlens_cpu)

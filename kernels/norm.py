@@ -18,8 +18,10 @@ where the last line follows from ``d r / d x_k = -r^3 x_k / c``:
 ``x`` instead of saving it (one read of ``x`` either way, no extra buffer).
 
 Kernels: one forward and one backward row kernel. Rows (every leading index, flattened)
-go on grid axis 0, ``BLOCK_R`` rows a program when rows are short so that a program
-moves a few thousand elements; each row is held whole in registers (``D <= MAX_DIM``).
+go on grid axis 0 in blocks of ``BLOCK_R`` rows when rows are short, so that a block
+holds about a thousand values (forward) or eight thousand (backward); each row is held
+whole in registers (``D <= MAX_DIM``). The forward's programs loop over row blocks (one
+each at the default ``FWD_PROGRAMS_PER_SM``).
 The backward runs a fixed number of programs that loop over row blocks and keep their
 share of ``dweight`` / ``dbias`` in registers, written once to a ``[P, D]`` buffer and
 summed by ``_partials.column_sum`` (deterministic, no atomics). Accumulation is float32.
@@ -76,24 +78,30 @@ def _norm_fwd_kernel(
     MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    row_start = tl.program_id(0).to(tl.int64) * BLOCK_R
-    x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-    xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-    ss = tl.sum(xv * xv, axis=1)
-    if MEAN:
-        ss = ss / D
-    z = xv * tl.math.rsqrt(ss + eps)[:, None]
+    """Program ``p`` handles row blocks p, p + P, ... (one each when P covers them all)."""
     c = tl.arange(0, BLOCK_D)
     if HAS_WEIGHT:
-        z = z * tl.load(weight + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(weight + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
-        z = z + tl.load(bias + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
-    if GATE != 0:
-        g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-        act, _ = _gate_and_slope(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
-        z = z * act
-    y_ptrs, _ = _row_tile(y, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-    tl.store(y_ptrs, z.to(y.dtype.element_ty), mask=mask)
+        b = tl.load(bias + c, mask=c < D, other=0.0).to(tl.float32)[None, :]
+    for block in range(tl.program_id(0), tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+        row_start = block * BLOCK_R  # rows < 2**31; _row_tile widens to int64
+        x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        ss = tl.sum(xv * xv, axis=1)
+        if MEAN:
+            ss = ss / D
+        z = xv * tl.math.rsqrt(ss + eps)[:, None]
+        if HAS_WEIGHT:
+            z = z * w
+        if HAS_BIAS:
+            z = z + b
+        if GATE != 0:
+            g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+            act, _ = _gate_and_slope(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
+            z = z * act
+        y_ptrs, _ = _row_tile(y, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+        tl.store(y_ptrs, z.to(y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -159,11 +167,18 @@ def _norm_bwd_kernel(
 # H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
 # at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
 BWD_TILE_ELEMENTS = 8192
-# Values per row tile of the forward (config_sweep.py times others). On the H100 (bf16,
-# 262144 rows of 128, 7 rounds) 4096 was the fastest of 1024-16384 for all three norms:
-# rms_norm_gated 0.2683 ms against 0.2690 at 2048, rms_norm and l2norm 0.1817 against
-# 0.1820; all within 1% of the copy floor (benchmarks/results/, the sweep of 2026-11-27)
-FWD_TILE_ELEMENTS = 4096
+# Values per row tile of the forward (config_sweep.py times others), looping over row
+# blocks. On the H100 (bf16, 262144 rows of 128, 7 rounds, 2026-11-27): as one block a
+# program without the loop, 1024-16384 within 0.3% of each other (4096 the fastest);
+# in the loop form 1024 (4 warps) took rms_norm_gated 0.267 ms where 4096 (16 warps)
+# took 0.293 and the loop-free 2048 0.269; l2norm 0.182 against 0.183
+# (benchmarks/results/, the sweeps of 2026-11-27). Cache hints for data read once
+# (evict-first loads, streaming stores) were slower: 0.303 and 0.188 ms
+FWD_TILE_ELEMENTS = 1024
+# Forward programs a multiprocessor, each looping over row blocks; 0: one row block a
+# program. 4 and 8 a multiprocessor were slower in the same sweep (rms_norm_gated 0.322,
+# 0.289 ms; l2norm 0.193, 0.192)
+FWD_PROGRAMS_PER_SM = 0
 
 
 def _tile_config(D: int, elements: int):
@@ -196,7 +211,10 @@ def _forward(x, g, weight, bias, eps, mean, gate):
     y = _utils.empty((rows, D), x.dtype, x.device)
     if rows > 0:
         BLOCK_R, BLOCK_D, num_warps = _forward_tile(D)
-        _norm_fwd_kernel[(_utils.cdiv(rows, BLOCK_R),)](
+        programs = _utils.cdiv(rows, BLOCK_R)
+        if FWD_PROGRAMS_PER_SM:
+            programs = min(programs, FWD_PROGRAMS_PER_SM * _partials.multiprocessor_count(x.device))
+        _norm_fwd_kernel[(programs,)](
             x2, g2, weight, bias, y,
             rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,

@@ -359,7 +359,9 @@ def check_no_host_sync(spec: OpSpec, device, seed: int) -> None:
     sample = spec.sample(spec.cases[0], "bf16", device, seed, lengths=(5, 70, 1, 33))
     with torch.no_grad():
         spec.call(sample)  # compiles, and validates this cu_seqlens once
-        with_cpu = Sample({**sample.kwargs, "cu_seqlens_cpu": sample.kwargs["cu_seqlens"].cpu()})
+        # a device tensor not seen before: its values must come from the CPU copy, not a sync
+        cu = sample.kwargs["cu_seqlens"]
+        with_cpu = Sample({**sample.kwargs, "cu_seqlens": cu.clone(), "cu_seqlens_cpu": cu.cpu()})
         for label, s in (("cu_seqlens seen before", sample), ("cu_seqlens_cpu given", with_cpu)):
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")

@@ -37,7 +37,9 @@ Launches put the blocks of every sequence on grid axis 0 and the heads on axis 1
 itself, never B*H or N*H). Fixed-length batches index blocks directly; packed sequences
 (``cu_seqlens``) go through the (sequence, block) table of ``kernels._utils.chunk_map``, in
 which zero-length sequences own no block: 80,000 sequences of 16 tokens are 80,000 rows on
-axis 0. Token offsets are int64 (program ids are cast before any product), so packed
+axis 0. Under a causal mask the blocks that do the most work come first (fixed length:
+``REVERSE``; packed: the table's order, late query blocks or early key blocks of every
+sequence first), so that the short ones fill the launch's tail. Token offsets are int64 (program ids are cast before any product), so packed
 inputs over 2**31 elements index correctly.
 
 Configs (block sizes, warps, stages) come from the target arch's shared memory
@@ -60,7 +62,7 @@ from .._arch import COMPILE_OPTIONS
 from .. import _library as library
 from .._chunk import mm, mm_acc
 from .._sequence import sequence_bounds
-from .._utils import block_size, cdiv, chunk_map, contiguous, empty
+from .._utils import EARLY_FIRST, IN_ORDER, LATE_FIRST, block_size, cdiv, chunk_map, contiguous, empty
 from .inputs import check_attention_inputs
 
 LOG2E = math.log2(math.e)
@@ -471,11 +473,13 @@ CONFIGS = {
 }
 
 
-def _blocks_grid(B: int, T: int, offsets_host, block: int, device):
-    """(number of launch rows, (sequence, block) table or None) for blocks of ``block`` tokens."""
+def _blocks_grid(B: int, T: int, offsets_host, block: int, device, order: str = IN_ORDER):
+    """(number of launch rows, (sequence, block) table or None) for blocks of ``block``
+    tokens; a packed table's rows in ``order`` (heaviest first under a causal mask, as
+    ``REVERSE`` does for fixed-length batches)."""
     if offsets_host is None:
         return B * cdiv(T, block), None
-    table = chunk_map(offsets_host, block, device)
+    table = chunk_map(offsets_host, block, device, order)
     return table.shape[0], table
 
 
@@ -498,7 +502,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opti
     o = empty((B, T, H, DV), v.dtype, q.device)
     lse = empty((H, B * T), torch.float32, q.device)
     c = cfg.fwd
-    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device)
+    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
     if rows > 0:
         attn_fwd_kernel[(rows, H)](
             q, k, v, o, lse, table, cu_seqlens, scale, window or 0, T, B * T,
@@ -527,14 +531,14 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
     common = dict(H=H, HKV=HKV, D=D, DV=DV, BD=BD, BDV=BDV, CAUSAL=causal, HAS_WINDOW=window is not None,
                   IS_VARLEN=cu_seqlens is not None)
     c = cfg.dkdv
-    rows, table = _blocks_grid(B, T, offsets, c.BN, q.device)
+    rows, table = _blocks_grid(B, T, offsets, c.BN, q.device, EARLY_FIRST if causal else IN_ORDER)
     if rows > 0:
         attn_bwd_dkdv_kernel[(rows, HKV)](
             q, k, v, do, lse, delta, dk, dv, table, cu_seqlens, scale, window or 0, T, B * T,
             BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     c = cfg.dq
-    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device)
+    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
     if rows > 0:
         attn_bwd_dq_kernel[(rows, H)](
             q, k, v, do, lse, delta, dq, table, cu_seqlens, scale, window or 0, T, B * T,

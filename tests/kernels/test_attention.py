@@ -79,3 +79,22 @@ def test_configs_per_arch(monkeypatch, arch, D, dtype):
     assert cfg.fwd.BM % cfg.fwd.BN == 0 and cfg.dq.BM % cfg.dq.BN == 0 and cfg.dkdv.BN % cfg.dkdv.BM == 0
     for blocks in (cfg.fwd, cfg.dkdv, cfg.dq):
         assert min(blocks.BM, blocks.BN) >= 16  # tl.dot's smallest tile
+
+
+def test_packed_tables_put_the_heaviest_causal_blocks_first():
+    # lengths 3, 0, 5 blocks of 16: every (sequence, block) row once, in the order that
+    # launches the most work first (the launch's tail then holds short programs)
+    from kernels._utils import EARLY_FIRST, IN_ORDER, LATE_FIRST, chunk_map
+
+    offsets = torch.tensor([0, 40, 40, 120])
+    every = sorted((n, c) for n, blocks in ((0, 3), (2, 5)) for c in range(blocks))
+    tables = {order: [tuple(r) for r in chunk_map(offsets, 16, "cpu", order).tolist()]
+              for order in (IN_ORDER, LATE_FIRST, EARLY_FIRST)}
+    assert tables[IN_ORDER] == every
+    for table in tables.values():
+        assert sorted(table) == every
+    # query blocks: later in its sequence, more keys to see
+    assert [c for _, c in tables[LATE_FIRST]] == [4, 3, 2, 2, 1, 1, 0, 0]
+    # key blocks: blocks after it in its sequence, more queries that see it
+    assert [5 - c if n == 2 else 3 - c for n, c in tables[EARLY_FIRST]] == [5, 4, 3, 3, 2, 2, 1, 1]
+    assert tables[LATE_FIRST][:2] == [(2, 4), (2, 3)] and tables[EARLY_FIRST][0] == (2, 0)
