@@ -15,7 +15,7 @@ import torch
 from . import gpu_share, inputs
 from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
 from .devices import reference_call
-from .gpu_memory import forward_bytes, released_on_error
+from .gpu_memory import forward_bytes, other_holders, released_on_error
 from .launches import observe_launches
 from .packings import Packing
 from .poison import poisoned
@@ -291,7 +291,7 @@ def check_int64_offsets(spec: OpSpec, device, seed: int, elements: int = 2**31) 
     with gpu_share.alone_on(device):
         free, _ = torch.cuda.mem_get_info(device)
         if need > 0.9 * free:
-            _skip_int64(need, free, "are free on this GPU")
+            _skip_int64(need, free, "are free on this GPU" + other_holders(gpu_share.physical_gpu(torch.device(device).index or 0)))
         try:
             with released_on_error():
                 _check_int64_offsets(spec, small, repeats)

@@ -42,3 +42,27 @@ def released_on_error():
                 pass
             tb = tb.tb_next
         raise
+
+
+def other_holders(gpu: str, run=None) -> str:
+    """What the other processes on GPU ``gpu`` (as ``nvidia-smi --id`` takes it) hold, as a
+    clause for a skip that found too little memory free: ``""`` where ``nvidia-smi`` cannot
+    say. Alone on the GPU, a check still shares its memory with every other process's CUDA
+    context and whatever they keep between checks; the clause says how much that is."""
+    import os
+    import subprocess
+
+    run = run or subprocess.run
+    try:
+        out = run(["nvidia-smi", f"--id={gpu}", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                  capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    held = []
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[0]) != os.getpid():
+            held.append(int(fields[1]) / 1024)
+    if not held:
+        return ""
+    return f"; {len(held)} other processes hold {sum(held):.0f} GiB (the largest {max(held):.1f} GiB)"
