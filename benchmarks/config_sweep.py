@@ -265,7 +265,12 @@ VARIANTS["parallel_attn_varlen"] = {
     "tables in order (before)": ("kernels.attention.parallel", "_blocks_grid",
                                  lambda base: lambda B, T, offsets, block, device, order=None: base(B, T, offsets, block, device)),
 }
-VARIANTS["l2norm"] = {"default": [], **NORM_FORWARD}
+# l2norm's backward has no parameter gradient: one row block a program, like the forward
+VARIANTS["l2norm"] = {
+    "default": [],
+    **NORM_FORWARD,
+    **{f"bwd tile {n}": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base, n=n: n) for n in (1024, 2048, 4096, 16384)},
+}
 VARIANTS["rotary"] = {
     "default": [],
     "tile 4096": ("kernels.rotary", "_tile_config", lambda base: lambda H, width, elements=8192: base(H, width, 4096)),
