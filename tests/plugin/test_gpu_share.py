@@ -1,6 +1,6 @@
 """The GPU share between processes: shared holders run together, an exclusive holder runs
-alone and goes before shared holders that came after it. Plain processes and lock files;
-no GPU needed."""
+alone and goes before shared holders that came after it (or, patient, after them). Plain
+processes and lock files; no GPU needed; the plugin's choice of patience: pytester."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def _hold(directory, mode, seconds, log, start_after=0.0):
                 log.put((mode, "in", time.monotonic()))  # still alone after the nested holds
                 time.sleep(seconds)
                 log.put((mode, "out", time.monotonic()))
-        elif mode == "alone":
-            with share.alone():
+        elif mode in ("alone", "patient"):
+            with share.alone(patient=mode == "patient"):
                 log.put((mode, "in", time.monotonic()))
                 time.sleep(seconds)
                 log.put((mode, "out", time.monotonic()))
@@ -79,6 +79,17 @@ def test_an_exclusive_holder_runs_alone_and_before_later_shared_ones(tmp_path):
     (l0, l1), = _intervals(events, "late")
     assert x0 >= s1, "the exclusive holder started while a shared one still ran"
     assert l0 >= x1, "a later shared holder ran beside (or before) the waiting exclusive one"
+
+
+def test_a_patient_exclusive_holder_lets_later_shared_ones_go_first(tmp_path):
+    # the same arrivals; patient, the exclusive holder waits until no shared holder is
+    # left, the later one included, and still runs alone
+    events = _run(tmp_path, [("shared", 0.8, 0.0), ("patient", 0.3, 0.2), ("late", 0.8, 0.4)])
+    (s0, s1), = _intervals(events, "shared")
+    (x0, x1), = _intervals(events, "patient")
+    (l0, l1), = _intervals(events, "late")
+    assert l0 < s1, "the later shared holder waited although the exclusive one was patient"
+    assert x0 >= max(s1, l1), "the patient exclusive holder ran beside a shared one"
 
 
 def test_holders_give_their_cached_memory_back_to_an_exclusive_one(tmp_path):
@@ -150,3 +161,57 @@ def test_a_failed_large_check_frees_its_tensors_before_its_error_is_kept():
         failing_check()  # the same failure, unguarded: its kept traceback keeps the tensor
     gc.collect()
     assert unguarded.value.__traceback__ is not None and held[0]() is not None
+
+
+PATIENCE_PROJECT = """
+import json
+
+import pytest
+
+from pytest_fla import gpu_share
+
+
+def record(name):
+    with open("patience.jsonl", "a") as f:
+        f.write(json.dumps([name, gpu_share._patient]) + "\\n")
+
+
+@pytest.mark.large_memory
+def test_big_1():
+    record("big_1")
+
+
+def test_regular():
+    record("regular")
+
+
+@pytest.mark.large_memory
+def test_big_2():
+    record("big_2")
+"""
+
+REVERSED_AFTER_THE_PLUGIN = """
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    items.reverse()
+"""
+
+
+@pytest.mark.parametrize("reordered", [False, True], ids=["plugin_order", "reordered_after_it"])
+def test_exclusive_checks_are_patient_only_with_nothing_else_behind_them(pytester, reordered):
+    import json
+
+    from plugin_testing import run
+
+    pytester.makepyfile(test_patience=PATIENCE_PROJECT)
+    if reordered:
+        pytester.makeconftest(REVERSED_AFTER_THE_PLUGIN)
+    run(pytester).assert_outcomes(passed=3)
+    seen = [tuple(json.loads(line)) for line in (pytester.path / "patience.jsonl").read_text().splitlines()]
+    if reordered:  # big_2, big_1, regular: big_1 has a check that shares the GPU behind it
+        assert seen == [("big_2", True), ("big_1", False), ("regular", True)]
+    else:  # the plugin runs the large_memory checks last: regular, big_1, big_2
+        assert seen == [("regular", True), ("big_1", True), ("big_2", True)]
