@@ -103,7 +103,7 @@ class GpuShare:
             yield
         finally:
             self._alone = False
-            # back to shared while still holding the turnstile, so no one slips in between
+            # back to shared while still holding the turnstile (unless patient), so no one slips in between
             fcntl.flock(self._lock, fcntl.LOCK_SH if was_shared else fcntl.LOCK_UN)
             if not patient:
                 fcntl.flock(self._turnstile, fcntl.LOCK_UN)
