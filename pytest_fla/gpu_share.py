@@ -127,15 +127,14 @@ def for_device(device) -> GpuShare:
 
 
 # Whether this process's next exclusive hold may be patient (``GpuShare.alone``): set for
-# each test by the plugin (``patient_for``), from what its process runs after it.
+# each test by the plugin (``set_patient``), from what its process runs after it.
 _patient = False
 
 
-def patient_for(next_needs_alone: bool | None) -> None:
-    """Before each test: its exclusive holds are patient where no check that shares the GPU
-    follows it in this process (``None``: nothing follows)."""
+def set_patient(patient: bool) -> None:
+    """Before each test: whether its exclusive holds are patient."""
     global _patient
-    _patient = next_needs_alone is None or next_needs_alone
+    _patient = patient
 
 
 def alone_on(device):

@@ -402,9 +402,10 @@ def pytest_runtest_protocol(item, nextitem):
     state = item.config.stash[RUN]
     from . import gpu_share
 
-    # a child knows only its own batch, not the tests its worker runs after it: never patient
-    gpu_share.patient_for(False if state.role == "child" else
-                          None if nextitem is None else nextitem.get_closest_marker("large_memory") is not None)
+    # patient where no check that shares the GPU follows in this process; a child knows only
+    # its own batch, not the tests its worker runs after it: never patient
+    gpu_share.set_patient(state.role != "child" and
+                          (nextitem is None or nextitem.get_closest_marker("large_memory") is not None))
     if state.role == "child" or (state.isolate == "none" and not state.tools) or isinstance(item, repro.ReproItem):
         return None
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:

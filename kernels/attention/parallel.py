@@ -39,8 +39,9 @@ itself, never B*H or N*H). Fixed-length batches index blocks directly; packed se
 which zero-length sequences own no block: 80,000 sequences of 16 tokens are 80,000 rows on
 axis 0. Under a causal mask the blocks that do the most work come first (fixed length:
 ``REVERSE``; packed: the table's order, late query blocks or early key blocks of every
-sequence first), so that the short ones fill the launch's tail. Token offsets are int64 (program ids are cast before any product), so packed
-inputs over 2**31 elements index correctly.
+sequence first), so that the short ones fill the launch's tail. Token offsets are int64
+(program ids are cast before any product), so packed inputs over 2**31 elements index
+correctly.
 
 Configs (block sizes, warps, stages) come from the target arch's shared memory
 (``kernels._arch``), see ``CONFIGS``: head dims up to 256 on sm80 and newer; older targets
