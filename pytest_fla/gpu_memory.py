@@ -1,8 +1,20 @@
-"""GPU memory accounting for the checks that need a large part of a GPU's memory."""
+"""GPU memory accounting for the checks that need a large part of a GPU's memory, and what
+a process gives back to its GPU when another needs that memory."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+
+# CUDA's per-thread stack (``CU_LIMIT_STACK_SIZE``, the limit's enum value 0) and its
+# default. A kernel that spills registers needs a stack frame of that size; the driver
+# grows the limit at the launch and keeps it, with the local memory behind it sized for
+# every thread the GPU can hold (2048 a multiprocessor): on the H100 a 9720-byte frame
+# (chunk_gla's state pass, fp32, K = 256, compiled for sm90) is 2.4 GiB per process, kept
+# to its end. ``torch.cuda.empty_cache`` does not return it; setting the limit does, and
+# the next launch that needs more grows it again.
+CU_LIMIT_STACK_SIZE = 0
+DEFAULT_STACK_BYTES = 1024
 
 
 def forward_bytes(call, sample, device) -> int:
@@ -66,3 +78,45 @@ def other_holders(gpu: str, run=None) -> str:
     if not held:
         return ""
     return f"; {len(held)} other processes hold {sum(held):.0f} GiB (the largest {max(held):.1f} GiB)"
+
+
+def _driver():
+    """The CUDA driver library, or None where there is none (a CPU machine)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def stack_bytes(driver=None) -> int | None:
+    """The current CUDA context's per-thread stack limit, or None where it cannot be read."""
+    driver = driver or _driver()
+    if driver is None:
+        return None
+    value = ctypes.c_size_t(0)
+    if driver.cuCtxGetLimit(ctypes.byref(value), ctypes.c_int(CU_LIMIT_STACK_SIZE)) != 0:
+        return None
+    return value.value
+
+
+def reset_stack(driver=None) -> bool:
+    """Set the current context's per-thread stack back to CUDA's default, freeing the local
+    memory spilling kernels grew (it waits for the work in flight). True where it was set."""
+    driver = driver or _driver()
+    if driver is None:
+        return False
+    return driver.cuCtxSetLimit(ctypes.c_int(CU_LIMIT_STACK_SIZE), ctypes.c_size_t(DEFAULT_STACK_BYTES)) == 0
+
+
+def return_to_device(device) -> None:
+    """Give back what this process holds on ``device``'s GPU without using it: the caching
+    allocator's free blocks and the spilling kernels' local memory (``reset_stack``).
+    Nothing where this process has not initialised CUDA."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return
+    with torch.cuda.device(device):
+        torch.cuda.synchronize()  # makes the device's context current on this thread
+        torch.cuda.empty_cache()
+        reset_stack()

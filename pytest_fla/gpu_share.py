@@ -20,9 +20,13 @@ other workers in turn (a compile in flight lasts tens of seconds), kept 4-8 of 1
 waiting from 246 s to the end of a 555 s run.
 
 A process that gives way to an exclusive holder (it leaves a shared hold, or waits for
-one, while another waits to be alone) first returns its allocator's cached, unused memory
-to the device: on the H100 the 2**31-element checks found 47-49 of 79 GiB free when alone,
-the rest cached by the 15 other workers, and skipped every op needing 48-68 GiB.
+one, while another waits to be alone) first returns what it holds unused
+(``gpu_memory.return_to_device``): its allocator's cached memory (on the H100 the
+2**31-element checks had found 47-49 of 79 GiB free when alone, the rest cached by the 15
+other workers) and the local memory its spilling kernels grew, which ``empty_cache``
+leaves: with the caches returned the checks still found only 48 GiB free, and a worker
+that once ran one of the spilling fp32 kernels keeps up to 2.4 GiB of it (by the stack
+frames of their sm90 cubins).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ _SHARES: dict[str, "GpuShare"] = {}
 
 class GpuShare:
     """``release``: called where this process gives way to an exclusive holder, and once
-    it holds the GPU alone (``for_device`` passes ``torch.cuda.empty_cache``)."""
+    it holds the GPU alone (``for_device`` passes ``gpu_memory.return_to_device``)."""
 
     def __init__(self, name: str, directory: str | None = None, release: Callable[[], None] | None = None):
         base = os.path.join(directory or tempfile.gettempdir(), f"pytest-fla-gpu-{name}")
@@ -120,9 +124,9 @@ def for_device(device) -> GpuShare:
     """The share of ``device`` (a torch CUDA device), one per GPU per process."""
     name = physical_gpu(device.index or 0)
     if name not in _SHARES:
-        import torch
+        from .gpu_memory import return_to_device
 
-        _SHARES[name] = GpuShare(name, release=torch.cuda.empty_cache)
+        _SHARES[name] = GpuShare(name, release=lambda: return_to_device(device))
     return _SHARES[name]
 
 
