@@ -114,7 +114,7 @@ def test_returning_memory_frees_the_local_memory_a_spilling_kernel_grew():
         free_back = torch.cuda.mem_get_info(device)[0]
         back = gpu_memory.stack_bytes()
     assert torch.equal(y, torch.full_like(x, 32768.0))
-    assert start == back == gpu_memory.DEFAULT_STACK_BYTES
+    assert back == start  # the reset's value, as the driver keeps it (it may round a request)
     if grown <= start:
         pytest.skip(f"this toolchain compiled the kernel without a stack frame over {start} bytes")
     # the driver sizes local memory for every thread the GPU can hold
