@@ -269,7 +269,7 @@ VARIANTS["parallel_attn_varlen"] = {
 VARIANTS["l2norm"] = {
     "default": [],
     **NORM_FORWARD,
-    **{f"bwd tile {n}": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base, n=n: n) for n in (1024, 2048, 4096, 16384)},
+    **{f"bwd tile {n}": ("kernels.norm", "BWD_TILE_ELEMENTS_NO_PARAMS", lambda base, n=n: n) for n in (1024, 4096, 8192)},
 }
 VARIANTS["rotary"] = {
     "default": [],

@@ -167,6 +167,11 @@ def _norm_bwd_kernel(
 # H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
 # at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
 BWD_TILE_ELEMENTS = 8192
+# The same with no parameter gradient to sum (l2norm, norms without weight or bias): one
+# row block a program. On the H100 (l2norm, bf16, 262144 rows of 128, forward+backward,
+# fastest of 7 rounds, 2026-11-27): 2048 0.4469 ms, 4096 0.4472, 1024 0.4479, 8192 0.4494,
+# 16384 0.4496 (the medians were host-bound; benchmarks/results/, that day's l2norm sweep)
+BWD_TILE_ELEMENTS_NO_PARAMS = 2048
 # Values per row tile of the forward (config_sweep.py times others), looping over row
 # blocks. On the H100 (bf16, 262144 rows of 128, 7 rounds, 2026-11-27): as one block a
 # program without the loop, 1024-16384 within 0.3% of each other (4096 the fastest);
@@ -231,7 +236,7 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
     dx = _utils.empty((rows, D), x.dtype, x.device)
     dg = _utils.empty((rows, D), g.dtype, g.device) if g is not None else None
     slots = (weight is not None) + (bias is not None)
-    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, BWD_TILE_ELEMENTS)
+    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, BWD_TILE_ELEMENTS if slots else BWD_TILE_ELEMENTS_NO_PARAMS)
     blocks = _utils.cdiv(rows, BLOCK_R)
     # one row block a program when there is no parameter gradient to sum
     programs = _partials.partial_programs(x.device, blocks, num_warps) if slots else max(1, blocks)

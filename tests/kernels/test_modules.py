@@ -17,6 +17,7 @@ from kernels import conv as conv_module
 from kernels import norm as norm_module
 from kernels.rotary import APPLY_ROTARY, ROTARY_EMBEDDING
 from pytest_fla.devices import numeric_device
+from pytest_fla.launches import observe_launches
 from pytest_fla.tolerance import assert_close
 
 DEVICE = numeric_device()
@@ -304,6 +305,20 @@ def test_norm_weight_gradient_sums_over_many_programs(monkeypatch):
     check_against_reference(rms_norm, reference.rms_norm, [x, weight, bias], [dy])
     runs = [torch.autograd.grad(rms_norm(x, w, b), (w, b), dy) for w, b in [(leaf(weight), leaf(bias))] * 2]
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_norm_backward_without_parameters_over_many_row_blocks(monkeypatch):
+    """l2norm's backward has no parameter gradient, so it takes its own tile
+    (``BWD_TILE_ELEMENTS_NO_PARAMS``) and one row block a program: at two-row tiles over an odd
+    row count (151 programs, the last one row) every block still matches the reference."""
+    monkeypatch.setattr(norm_module, "BWD_TILE_ELEMENTS_NO_PARAMS", 64)
+    monkeypatch.setattr(norm_module, "BWD_TILE_ELEMENTS", 1 << 14)  # the tile with parameters: one block
+    x, dy = torch.randn(301, 20, device=DEVICE), torch.randn(301, 20, device=DEVICE)
+    check_against_reference(l2norm, reference.l2norm, [x], [dy])
+    y = l2norm(leaf(x))
+    with observe_launches() as launches:
+        y.backward(dy)
+    assert launches.grids == [(151,)]
 
 
 def test_norm_of_a_single_row_and_of_a_1d_tensor():

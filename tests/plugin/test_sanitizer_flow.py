@@ -67,7 +67,8 @@ def copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 def launch():
-    x = torch.arange(4.0)
+    # on the CPU machine the plugin runs kernels under the interpreter; on a GPU, on the GPU
+    x = torch.arange(4.0, device="cuda" if torch.cuda.is_available() else "cpu")
     y = torch.empty_like(x)
     copy_kernel[(1,)](x, y, 4, BLOCK=4)
     assert torch.equal(x, y)
@@ -144,8 +145,8 @@ def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
         assert timed[name]["sanitizer_startup_seconds"] < timed[name]["startup_seconds"] < timed[name]["process_seconds"]
     for name in ("test_fails_plainly", "test_no_kernel"):
         assert timed[name]["sanitizer_seconds"] == 0 < timed[name]["process_seconds"]
-    # and so do the slowest checks in the terminal summary
-    assert re.search(r"s  interpreter +test_kernels\.py::test_clean \(its processes, start-up included; "
+    # and so do the slowest checks in the terminal summary (the target: the interpreter or the GPU's arch)
+    assert re.search(r"s  (interpreter|sm\d+) +test_kernels\.py::test_clean \(its processes, start-up included; "
                      r"the test itself [\d.]+s, [\d.]+s under the sanitizer\)", out)
     assert re.search(r"child processes: .* under the sanitizer [\d.]+s \(\d+%\), of which [\d.]+s \(\d+%\) starting up", out)
 
