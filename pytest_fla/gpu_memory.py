@@ -108,6 +108,26 @@ def reset_stack(driver=None) -> bool:
     return driver.cuCtxSetLimit(ctypes.c_int(CU_LIMIT_STACK_SIZE), ctypes.c_size_t(DEFAULT_STACK_BYTES)) == 0
 
 
+def after_test(last: bool) -> None:
+    """After each test in a process that has initialised CUDA: the allocator's free blocks
+    go back (workers sharing one GPU would otherwise each keep their largest test's cache;
+    the float64 references are large), and after the process's last test the spilling
+    kernels' local memory too (``return_to_device``): it idles while the other processes'
+    checks, those that hold the GPU alone among them, still run."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch (or initialise CUDA) just for this
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    try:
+        if last:
+            return_to_device(torch.device("cuda", torch.cuda.current_device()))
+        else:
+            torch.cuda.empty_cache()
+    except RuntimeError:  # a device fault, already reported by the test that caused it
+        pass
+
+
 def return_to_device(device) -> None:
     """Give back what this process holds on ``device``'s GPU without using it: the caching
     allocator's free blocks and the spilling kernels' local memory (``reset_stack``).

@@ -12,7 +12,9 @@ run's end. Locks are ``flock`` on files in the temp directory, named by the phys
 so they work across unrelated processes and vanish with them.
 
 A patient exclusive holder (``alone(patient=True)``) takes no turnstile: it waits until no
-shared holder is left, letting later ones go first. The plugin makes a check patient
+shared holder is left, letting later ones go first. Every process waiting to be alone, or
+holding it so, says so on a flag file (a shared ``flock`` on it), patient or not: that is
+what the others look for before they give their memory back. The plugin makes a check patient
 where nothing but such checks follows it in its process (``large_memory`` checks run
 last): draining the other workers for it would only idle them, while waiting costs its
 worker nothing. In a cold run on the H100 the 26 2**31-element checks, each draining the
@@ -20,13 +22,17 @@ other workers in turn (a compile in flight lasts tens of seconds), kept 4-8 of 1
 waiting from 246 s to the end of a 555 s run.
 
 A process that gives way to an exclusive holder (it leaves a shared hold, or waits for
-one, while another waits to be alone) first returns what it holds unused
+one, while another waits to be alone or is alone; or it is about to wait to be alone
+itself) first returns what it holds unused
 (``gpu_memory.return_to_device``): its allocator's cached memory (on the H100 the
 2**31-element checks had found 47-49 of 79 GiB free when alone, the rest cached by the 15
 other workers) and the local memory its spilling kernels grew, which ``empty_cache``
 leaves: with the caches returned the checks still found only 48 GiB free, and a worker
 that once ran one of the spilling fp32 kernels keeps up to 2.4 GiB of it (by the stack
-frames of their sm90 cubins).
+frames of their sm90 cubins). With that in place, amid a warm suite the checks found 52-63
+GiB free and the other 15 processes holding 15-27 GiB: the patient holders were not yet on
+the flag file, so the workers beside them, and the waiting holders themselves, seldom gave
+anything back.
 """
 
 from __future__ import annotations
@@ -41,25 +47,29 @@ _SHARES: dict[str, "GpuShare"] = {}
 
 
 class GpuShare:
-    """``release``: called where this process gives way to an exclusive holder, and once
-    it holds the GPU alone (``for_device`` passes ``gpu_memory.return_to_device``)."""
+    """``release``: called where this process gives way to an exclusive holder, and before
+    it waits to hold the GPU alone (``for_device`` passes ``gpu_memory.return_to_device``)."""
 
     def __init__(self, name: str, directory: str | None = None, release: Callable[[], None] | None = None):
         base = os.path.join(directory or tempfile.gettempdir(), f"pytest-fla-gpu-{name}")
         self._lock = open(base + ".lock", "a")
         self._turnstile = open(base + ".turnstile", "a")
+        # held shared while this process waits to be alone or is; probed through a second
+        # open file, since flock converts a lock taken again through the same one
+        self._wants_alone = open(base + ".alone", "a")
+        self._alone_probe = open(base + ".alone", "a")
         self._release = release or (lambda: None)
         self._shared_depth = 0
         self._alone = False
 
     def _exclusive_waiting(self) -> bool:
-        """Whether another process holds the turnstile: it waits to be alone (or, for an
-        instant, passes it on its way to a shared hold, which costs one needless release)."""
+        """Whether another process waits to be alone or is alone (patient or not; or, for an
+        instant, probes the flag as this one does, which costs one needless release)."""
         try:
-            fcntl.flock(self._turnstile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self._alone_probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
-        fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        fcntl.flock(self._alone_probe, fcntl.LOCK_UN)
         return False
 
     @contextlib.contextmanager
@@ -91,18 +101,21 @@ class GpuShare:
         """Run with no other holder. Inside ``shared()`` the shared hold is given up first:
         two processes each keeping theirs while waiting for the other's would deadlock.
         ``patient``: wait for the shared holders to be gone on their own, later ones
-        included, instead of going before them."""
+        included, instead of going before them. Its own memory goes back before it waits:
+        unused while it waits, it would count against a holder that goes first, and what
+        it reads once alone is then all there is."""
         if self._alone:  # nested: already alone
             yield
             return
+        fcntl.flock(self._wants_alone, fcntl.LOCK_SH)
         was_shared = self._shared_depth > 0
         if was_shared:
             fcntl.flock(self._lock, fcntl.LOCK_UN)
+        self._release()
         if not patient:
             fcntl.flock(self._turnstile, fcntl.LOCK_EX)
         fcntl.flock(self._lock, fcntl.LOCK_EX)  # flock grants shared holds past a waiting one
         self._alone = True
-        self._release()  # its own cache too, so that the free memory it reads is all there is
         try:
             yield
         finally:
@@ -111,6 +124,7 @@ class GpuShare:
             fcntl.flock(self._lock, fcntl.LOCK_SH if was_shared else fcntl.LOCK_UN)
             if not patient:
                 fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            fcntl.flock(self._wants_alone, fcntl.LOCK_UN)
 
 
 def physical_gpu(index: int) -> str:

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import compile_check, distribute, interpreter, poison, registry, repro, sanitizer, targets, time_split, toolchain
+from . import (compile_check, distribute, gpu_memory, interpreter, poison, registry, repro, sanitizer, targets,
+               time_split, toolchain)
 from . import report as run_report
 from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
@@ -385,16 +386,7 @@ def pytest_runtest_setup(item):
 
 
 def pytest_runtest_teardown(item, nextitem):
-    # Give a test's GPU memory back to the device: workers sharing one GPU would otherwise
-    # each keep their largest test's cache reserved (the float64 references are large).
-    import sys
-
-    torch = sys.modules.get("torch")  # never import torch (or initialise CUDA) just for this
-    if torch is not None and torch.cuda.is_initialized():
-        try:
-            torch.cuda.empty_cache()
-        except RuntimeError:  # a device fault, already reported by the test that caused it
-            pass
+    gpu_memory.after_test(last=nextitem is None)
 
 
 @pytest.hookimpl(tryfirst=True)

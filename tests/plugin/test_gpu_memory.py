@@ -77,6 +77,27 @@ def test_a_driver_error_or_no_driver_is_no_answer(monkeypatch):
     assert gpu_memory.reset_stack() is False
 
 
+def test_after_each_test_the_cache_goes_back_and_after_the_last_the_stack_too(monkeypatch):
+    """Between tests a process keeps the local memory its spilling kernels grew (the next
+    one may need it again); after its last one it idles while the others' checks run."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(gpu_memory, "return_to_device", lambda device: calls.append(("return", str(device))))
+    gpu_memory.after_test(last=False)
+    assert calls == ["empty_cache"]
+    gpu_memory.after_test(last=True)
+    assert calls == ["empty_cache", ("return", "cuda:0")]
+
+    def fault():  # a device fault: the test that caused it has reported it
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(torch.cuda, "empty_cache", fault)
+    gpu_memory.after_test(last=False)
+
+
 def test_a_process_without_cuda_gives_back_nothing(monkeypatch):
     if GPU is not None:
         pytest.skip("on a GPU machine this process may have initialised CUDA")
