@@ -70,6 +70,7 @@ class ItemOutcome:
     died: str | None = None  # why the child died while running this test
     stderr_tail: str = ""
     stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
+    exit_code: int | None = None  # of the child's process (under the sanitizer, the tool's)
     verdict: object = None  # under --fla-sanitizer: a sanitizing.Verdict
     time: ChildTime = field(default_factory=ChildTime)
     stalls: list = field(default_factory=list)  # where its child waited, each time it stalled
@@ -189,6 +190,7 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
         for nodeid in remaining:
             outcome = outcomes[nodeid]
             outcome.stdout = stdout
+            outcome.exit_code = code
             outcome.time.seconds += (ended - spawned) / len(remaining)
             outcome.time.startup += startup / len(remaining)
             outcome.time.exit += exiting / len(remaining)

@@ -114,7 +114,7 @@ class ReproItem(pytest.Item):
                 sanitizer.command(tool) + command, capture_output=True, text=True,
                 env=dict(env, **sanitizer.environment()), cwd=self.path.parent,
             )
-            result = sanitizer.parse(tool, checked.stdout)
+            result = sanitizer.parse(tool, checked.stdout, checked.returncode)
             # the tool's own exit code (255) stands in for the program's when it made no CUDA
             # call; the plain run above already showed the program behaves
             if not result.clean or (checked.returncode != 0 and not result.untouched):

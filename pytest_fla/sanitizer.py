@@ -13,16 +13,38 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 PREFIX = "========= "
-SUMMARY_RE = re.compile(r"ERROR SUMMARY: (\d+) errors?")
+# Each tool ends with a summary line of its own (compute-sanitizer 2025.3, read on an H100;
+# the transcripts in tests/plugin/sanitizer_transcripts/): memcheck, initcheck and synccheck
+# print ``ERROR SUMMARY: N errors``, racecheck ``RACECHECK SUMMARY: N hazards displayed
+# (E errors, W warnings)``. Past --print-limit a second ``ERROR SUMMARY: M errors were not
+# printed ...`` line follows the first.
+ERROR_SUMMARY_RE = re.compile(r"^ERROR SUMMARY: (?P<errors>\d+) errors?\s*$")
+UNPRINTED_RE = re.compile(r"^ERROR SUMMARY: (?P<unprinted>\d+) errors? (?:was|were) not printed")
+RACECHECK_SUMMARY_RE = re.compile(
+    r"^RACECHECK SUMMARY: (?P<hazards>\d+) hazards? displayed \((?P<errors>\d+) errors?, (?P<warnings>\d+) warnings?\)")
+# The test program's pytest centres its section and summary lines between runs of '=',
+# which can begin like the tool's prefix; the tool's own lines never end in one.
+PYTEST_SEPARATOR_RE = re.compile(r" =+\s*$")
 # A program that never calls CUDA (a compile-only check, a CPU test) leaves the tool
-# nothing to instrument: it prints this instead of a summary and exits 255.
+# nothing to instrument: it prints this (and a note on child processes) instead of a
+# summary and exits 255.
 NO_CUDA_CALL = "Target application terminated before first instrumented API call"
+# What the tool says of the run itself rather than of a kernel: none is a finding. The
+# program's own exit status or signal ("process didn't terminate successfully", "returned an
+# error") comes before the summary; the test's verdict is the program's own.
+TOOL_MESSAGES = (
+    NO_CUDA_CALL,
+    "Tracking kernels launched by child processes requires",
+    "Error: process didn't terminate successfully",
+    "Target application returned an error",
+)
 LOCATION_RE = re.compile(r"at (?P<kernel>\S+?)(?:\+0x[0-9a-f]+)? in (?P<file>[^\s:]+):(?P<line>\d+)")
 
 
@@ -52,8 +74,9 @@ LEAN_OPTIONS = {
     # Wait as long as the program takes.
     "--launch-timeout": ("0", TOOLS),
 }
-# What the tool prints when it gave up waiting for the program to connect.
+# What the tool prints when it gave up waiting for the program to connect (and its second line).
 GAVE_UP = "No attachable process found"
+GAVE_UP_NOTE = "--launch-timeout"
 
 
 @functools.lru_cache(maxsize=None)
@@ -158,6 +181,11 @@ class Finding:
         return self.lines[0]
 
     @property
+    def is_warning(self) -> bool:
+        """racecheck's potential hazards (``Warning: ...``): shown, counted, not failed on."""
+        return self.lines[0].startswith("Warning")
+
+    @property
     def location(self) -> re.Match | None:
         for line in self.lines:
             match = LOCATION_RE.search(line)
@@ -182,55 +210,106 @@ def source_line(path: str, line: int) -> str | None:
         return None
 
 
+OUTPUT_TAIL_LINES = 12
+
+
 @dataclass
 class SanitizerResult:
     tool: str
     findings: list[Finding]
-    summary: int | None  # the tool's own error count; None if it never printed one
+    errors: int | None  # the tool's own error count; None if it printed no summary
     untouched: bool = False  # the program made no CUDA call: nothing ran on the device
     gave_up: bool = False  # the tool stopped waiting for the program to connect
+    warnings: int = 0  # racecheck's potential hazards (its summary's warnings)
+    unprinted: int = 0  # errors past --print-limit, counted but not shown
+    exit_status: int | None = None  # of the tool's process, where the caller knows it
+    tail: str = ""  # the output's last lines, for a run that ended without a summary
+
+    @property
+    def error_findings(self) -> list[Finding]:
+        return [f for f in self.findings if not f.is_warning]
 
     @property
     def clean(self) -> bool:
-        return not self.findings and (self.summary == 0 or (self.summary is None and self.untouched))
+        return not self.error_findings and (self.errors == 0 or (self.errors is None and self.untouched))
+
+    def _how_it_ended(self) -> str:
+        if self.exit_status is None:
+            return "its exit status is unknown"
+        if self.exit_status < 0:
+            try:
+                return f"it was killed by {signal.Signals(-self.exit_status).name}"
+            except ValueError:
+                return f"it was killed by signal {-self.exit_status}"
+        return f"it exited with status {self.exit_status}"
 
     def describe(self) -> str:
-        if self.gave_up and self.summary is None:
+        if self.gave_up and self.errors is None:
             return (f"compute-sanitizer {self.tool} gave up waiting for the program to connect "
                     "(--launch-timeout): nothing was checked")
-        if self.untouched and self.summary is None:
+        if self.untouched and self.errors is None:
             return f"compute-sanitizer {self.tool}: the program made no CUDA call (nothing ran on the device)"
-        if self.summary is None:
-            return f"compute-sanitizer {self.tool} printed no error summary: it did not finish"
-        head = f"compute-sanitizer {self.tool}: {self.summary} error(s)"
+        if self.errors is None:
+            text = f"compute-sanitizer {self.tool} ended without its summary line: {self._how_it_ended()}"
+            if self.findings:
+                text += f"; {len(self.findings)} report(s) before it ended"
+            text += "\n" + "\n".join(f.describe() for f in self.findings)
+            if self.tail:
+                text += "\nthe last lines of its output:\n" + self.tail
+            return text.rstrip()
+        head = f"compute-sanitizer {self.tool}: {self.errors} error(s)"
+        if self.tool == "racecheck":
+            head += f", {self.warnings} warning(s)"
+        if self.unprinted:
+            head += f" ({self.unprinted} not printed: past --print-limit)"
         return "\n".join([head] + [f.describe() for f in self.findings])
 
+    def part(self, findings: list[Finding], finished: bool) -> "SanitizerResult":
+        """The verdict on one test's share of this output: ``findings`` are the reports
+        made while it ran; ``finished`` says its share is whole (the tool's summary came, or
+        the test ended before a stalled child was killed)."""
+        errors = sum(not f.is_warning for f in findings) if finished else None
+        return SanitizerResult(self.tool, findings, errors, self.untouched, self.gave_up,
+                               warnings=sum(f.is_warning for f in findings), exit_status=self.exit_status)
 
-def parse(tool: str, output: str) -> SanitizerResult:
-    """Read the ``========= `` lines of compute-sanitizer's output into findings."""
+
+def parse(tool: str, output: str, exit_status: int | None = None) -> SanitizerResult:
+    """Read the ``========= `` lines of compute-sanitizer's output into findings.
+
+    A finding starts at a line of the tool's that is not one of its own messages about the
+    run (``TOOL_MESSAGES``) and takes the indented lines after it; ``exit_status`` (of the
+    tool's process, where known) and the output's last lines explain a run that ended
+    without a summary."""
     findings: list[Finding] = []
-    summary = None
-    untouched = gave_up = False
+    result = SanitizerResult(tool, findings, None, exit_status=exit_status)
     current: list[str] | None = None
     for raw in output.splitlines():
-        if GAVE_UP in raw or "--launch-timeout" in raw:  # the message and its second line
-            gave_up, current = True, None
+        if GAVE_UP in raw or GAVE_UP_NOTE in raw:
+            result.gave_up, current = True, None
             continue
-        if not raw.startswith(PREFIX.rstrip()):
+        if not raw.startswith(PREFIX.rstrip()) or PYTEST_SEPARATOR_RE.search(raw):
             continue
         line = raw[len(PREFIX) :] if raw.startswith(PREFIX) else ""
-        match = SUMMARY_RE.search(line)
+        errors = ERROR_SUMMARY_RE.match(line)
+        unprinted = UNPRINTED_RE.match(line)
+        races = RACECHECK_SUMMARY_RE.match(line)
         if NO_CUDA_CALL in line:
-            untouched, current = True, None
-        elif match:
-            summary = int(match.group(1))
-            current = None
-        elif not line.strip() or line.startswith("COMPUTE-SANITIZER"):
-            current = None
-        elif line.startswith(" "):
+            result.untouched = True
+        if errors:
+            result.errors = int(errors["errors"])
+        elif unprinted:
+            result.unprinted = int(unprinted["unprinted"])
+        elif races:
+            result.errors, result.warnings = int(races["errors"]), int(races["warnings"])
+        elif line.startswith(" ") and line.strip():
             if current is not None:
                 current.append(line.strip())
-        else:
+            continue
+        elif line.strip() and not line.startswith("COMPUTE-SANITIZER") and not any(m in line for m in TOOL_MESSAGES):
             current = [line.strip()]
             findings.append(Finding(current))
-    return SanitizerResult(tool, findings, summary, untouched, gave_up)
+            continue
+        current = None
+    if result.errors is None:
+        result.tail = "\n".join(output.strip().splitlines()[-OUTPUT_TAIL_LINES:])
+    return result

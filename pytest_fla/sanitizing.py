@@ -122,15 +122,14 @@ def _placed(tool: str, items, outcomes) -> dict | None:
     if a report of that child lands on none of them."""
     wholes, placed, found = {}, {}, {}
     for item in items:
-        stdout = outcomes[item.nodeid].stdout
-        whole = wholes.setdefault(stdout, sanitizer.parse(tool, stdout))
-        own = sanitizer.parse(tool, test_output(stdout, item.nodeid) or "").findings
-        placed[stdout] = placed.get(stdout, 0) + len(own)
-        summary = len(own) if whole.summary is not None or outcomes[item.nodeid].cut_after else None
-        own_result = sanitizer.SanitizerResult(tool, own, summary, whole.untouched, whole.gave_up)
-        found[item] = _verdict(tool, outcomes[item.nodeid], own_result)
+        outcome = outcomes[item.nodeid]
+        whole = wholes.setdefault(outcome.stdout, sanitizer.parse(tool, outcome.stdout, outcome.exit_code))
+        own = sanitizer.parse(tool, test_output(outcome.stdout, item.nodeid) or "").findings
+        placed[outcome.stdout] = placed.get(outcome.stdout, 0) + len(own)
+        own_result = whole.part(own, finished=whole.errors is not None or outcome.cut_after)
+        found[item] = _verdict(tool, outcome, own_result)
     for stdout, whole in wholes.items():
-        if len(whole.findings) != placed[stdout] or (whole.summary or 0) > len(whole.findings):
+        if len(whole.findings) != placed[stdout] or (whole.errors or 0) > len(whole.error_findings):
             return None
     return found
 
@@ -141,7 +140,7 @@ def _run(config, items, tool: str) -> dict:
 
 
 def _verdict(tool: str, outcome: ItemOutcome, found: sanitizer.SanitizerResult | None = None) -> tuple[str | None, str]:
-    found = found or sanitizer.parse(tool, outcome.stdout)
+    found = found or sanitizer.parse(tool, outcome.stdout, outcome.exit_code)
     text = found.describe()
     if outcome.stalls and not outcome.died:
         text += (f"\n(its first run under the tool stalled and was killed; it ran again:"

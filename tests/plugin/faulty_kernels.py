@@ -99,3 +99,139 @@ def arch_tuned_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     grid = (triton.cdiv(M, 128), triton.cdiv(N, 128))
     tiled_matmul_kernel[grid](a, b, c, M, N, K, BM=128, BN=128, BK=64, num_warps=8, num_stages=STAGES_BY_ARCH[target_arch()])
     return c
+
+
+@triton.jit
+def shifted_store_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    # The planted bug: element i is stored to y[i + 1], so the last lane writes one past the end.
+    tl.store(y_ptr + offs + 1, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def off_by_one_store(x: torch.Tensor) -> torch.Tensor:
+    """Writes one element past the end of its output: memcheck's out-of-bounds store."""
+    y = torch.empty_like(x)
+    shifted_store_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), BLOCK=128)
+    return y
+
+
+def uninitialised_read(n: int, device) -> torch.Tensor:
+    """Copies memory nothing wrote (``torch.empty``): initcheck's read of uninitialised device
+    memory. Seen only with the caching allocator off: a cached block may have been written before."""
+    return copy(torch.empty(n, device=device))
+
+
+# Triton hands out shared memory itself and puts a barrier wherever its own layouts need
+# one, so a race has to be written past it: inline PTX with a block-scoped .shared array.
+# Each thread stores its value to its own word, then loads the word of the thread 32 places
+# on (a thread of another warp) with no barrier between: a read-after-write hazard between
+# warps, which racecheck reports. The result is whatever that thread had stored by then.
+RACY_SHARED_ASM = tl.constexpr("""
+{
+.shared .align 4 .b32 racy_words[128];
+.reg .u32 t, a, b, base;
+mov.u32 t, %tid.x;
+mov.u32 base, racy_words;
+shl.b32 a, t, 2;
+add.u32 a, a, base;
+st.shared.u32 [a], $1;
+add.u32 b, t, 32;
+and.b32 b, b, 127;
+shl.b32 b, b, 2;
+add.u32 b, b, base;
+ld.shared.u32 $0, [b];
+}
+""")
+
+
+@triton.jit
+def racy_shared_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.inline_asm_elementwise(RACY_SHARED_ASM, "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(y_ptr + offs, y)
+
+
+def shared_memory_race(x: torch.Tensor) -> torch.Tensor:
+    """128 int32 values through a shared array that 4 warps write and read with no barrier."""
+    assert x.dtype == torch.int32 and x.numel() == 128
+    y = torch.empty_like(x)
+    racy_shared_kernel[(1,)](x, y, BLOCK=128, num_warps=4)
+    return y
+
+
+@triton.jit
+def row_sum_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    # a reduction across warps: Triton stages the partial sums through shared memory with
+    # barriers of its own (what every op's kernels do), the clean case beside the race
+    offs = tl.arange(0, BLOCK)
+    row = tl.program_id(0)
+    x = tl.load(x_ptr + row * n + offs, mask=offs < n, other=0.0)
+    tl.store(y_ptr + row, tl.sum(x, axis=0))
+
+
+def row_sums(x: torch.Tensor) -> torch.Tensor:
+    rows, n = x.shape
+    y = torch.empty(rows, device=x.device, dtype=x.dtype)
+    row_sum_kernel[(rows,)](x, y, n, BLOCK=triton.next_power_of_2(n), num_warps=4)
+    return y
+
+
+# Every thread stores the same value to one shared word and loads it back, no barrier:
+# hazards between warps whose values cannot differ (how racecheck grades those: the
+# transcripts show it).
+SAME_VALUE_SHARED_ASM = tl.constexpr("""
+{
+.shared .align 4 .b32 same_word[1];
+.reg .u32 base;
+mov.u32 base, same_word;
+st.shared.u32 [base], 7;
+ld.shared.u32 $0, [base];
+}
+""")
+
+
+@triton.jit
+def same_value_shared_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.inline_asm_elementwise(SAME_VALUE_SHARED_ASM, "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(y_ptr + offs, y + x * 0)
+
+
+def same_value_shared_race(x: torch.Tensor) -> torch.Tensor:
+    assert x.dtype == torch.int32 and x.numel() == 128
+    y = torch.empty_like(x)
+    same_value_shared_kernel[(1,)](x, y, BLOCK=128, num_warps=4)
+    return y
+
+
+# A block-wide barrier that only the even lanes of each warp reach: synccheck's divergent
+# barrier (undefined behaviour since Volta, where a warp's lanes are scheduled apart).
+DIVERGENT_BARRIER_ASM = tl.constexpr("""
+{
+.reg .pred odd;
+.reg .u32 t;
+mov.u32 t, %tid.x;
+and.b32 t, t, 1;
+setp.ne.u32 odd, t, 0;
+@!odd bar.sync 1;
+mov.b32 $0, $1;
+}
+""")
+
+
+@triton.jit
+def divergent_barrier_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    y = tl.inline_asm_elementwise(DIVERGENT_BARRIER_ASM, "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(y_ptr + offs, y)
+
+
+def divergent_barrier(x: torch.Tensor) -> torch.Tensor:
+    assert x.dtype == torch.int32 and x.numel() == 32
+    y = torch.empty_like(x)
+    divergent_barrier_kernel[(1,)](x, y, BLOCK=32, num_warps=1)
+    return y

@@ -66,6 +66,57 @@ def test_the_read_is_invisible_with_the_caching_allocator(project):
     assert seen[False].summary and seen[False].summary > 0
 
 
+EVERY_TOOL = '''
+import torch
+import faulty_kernels as fk
+
+def test_clean_kernels():
+    # a copy, a reduction across warps (Triton's own shared memory and barriers) and a
+    # pipelined matmul: what every tool must pass
+    x = torch.arange(1000.0, device="cuda")
+    assert torch.equal(fk.copy(x), x)
+    m = torch.randn(64, 1000, device="cuda")
+    torch.testing.assert_close(fk.row_sums(m), m.sum(1), rtol=1e-4, atol=1e-3)
+    a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    torch.testing.assert_close(fk.shared_hungry_matmul(a, a).float(), a.float() @ a.float(), rtol=2e-2, atol=2e-1)
+
+def test_planted_fault():
+    # each passes plainly: only its tool sees the fault
+    tool = "TOOL"
+    if tool == "memcheck":
+        fk.off_by_one_store(torch.arange(1000.0, device="cuda"))
+    elif tool == "racecheck":
+        fk.shared_memory_race(torch.arange(128, device="cuda", dtype=torch.int32))
+    elif tool == "initcheck":
+        fk.uninitialised_read(1000, "cuda")
+    else:
+        fk.divergent_barrier(torch.arange(32, device="cuda", dtype=torch.int32))
+    torch.cuda.synchronize()
+'''
+
+# what each tool reports of its planted fault (the real tool's words)
+PLANTED = {
+    "memcheck": ("Invalid __global__ write of size 4 bytes", "shifted_store_kernel"),
+    "racecheck": ("Race reported between Write access at racy_shared_kernel", "and Read access at racy_shared_kernel"),
+    "initcheck": ("Uninitialized __global__ memory read of size 4 bytes", "copy_kernel"),
+    "synccheck": ("Barrier error detected. Divergent thread(s) in warp.", "divergent_barrier_kernel"),
+}
+
+
+@needs_sanitizer
+@pytest.mark.parametrize("tool", sorted(PLANTED))
+def test_each_tool_reports_its_planted_fault_and_passes_clean_kernels(project, tool):
+    project.makepyfile(test_planted=EVERY_TOOL.replace('"TOOL"', repr(tool)))
+    result = run(project, f"--fla-sanitizer={tool}", "-v")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+    assert "test_planted.py::test_clean_kernels PASSED" in out
+    assert "test_planted.py::test_planted_fault FAILED" in out
+    assert f"compute-sanitizer {tool}:" in out
+    assert all(text in out for text in PLANTED[tool]), out
+    assert "did not finish" not in out and "ended without" not in out
+
+
 ILLEGAL_ADDRESS = '''
 import torch
 import faulty_kernels as fk

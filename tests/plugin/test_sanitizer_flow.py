@@ -1,9 +1,10 @@
 """--fla-sanitizer end to end on any machine: a stand-in ``compute-sanitizer`` on the PATH
-runs the program it is given and prints what the real tool prints (a clean summary, or a
-finding when the test asks for one). What is checked is the plugin's part: each test re-run
-in a subprocess under the tool, with the allocator cache off and blocking launches, a
-finding failing the test with its kernel, access and line, and a clean run passing it.
-The real tool on the planted faults: test_gpu_faults.py."""
+runs the program it is given and prints what the real tool printed in the recorded
+transcripts (sanitizer_transcripts/: each tool's banner, its report of its planted fault,
+its own summary line, its lines on a program that failed or was killed). What is checked is
+the plugin's part: each test re-run in a subprocess under the tool, with the allocator cache
+off and blocking launches, a finding failing the test with its kernel, access and line, and
+a clean run passing it. The real tool on the planted faults: test_gpu_faults.py."""
 
 from __future__ import annotations
 
@@ -11,11 +12,38 @@ import json
 import os
 import re
 import stat
+from pathlib import Path
 
+import pytest
 from plugin_testing import run
 
+TRANSCRIPTS = Path(__file__).parent / "sanitizer_transcripts"
+
 STAND_IN = r'''#!/usr/bin/env python3
-import os, subprocess, sys
+import os, re, signal, subprocess, sys
+from pathlib import Path
+
+TRANSCRIPTS = Path(os.environ["FAKE_SANITIZER_TRANSCRIPTS"])
+# each tool's planted fault, as recorded (benchmarks/sanitizer_transcripts.py)
+FAULT = {"memcheck": "oob_read", "racecheck": "shared_race", "initcheck": "uninitialised_read",
+         "synccheck": "divergent_barrier"}
+
+def recorded(tool, scenario):
+    return (TRANSCRIPTS / f"{tool}-{scenario}.stdout").read_text().splitlines()
+
+def first_report(tool):
+    """The first report of the tool's planted-fault run, up to its blank line."""
+    lines = recorded(tool, FAULT[tool])[1:]
+    return lines[:lines.index("========= ")]
+
+def summary(tool, errors):
+    """The tool's own summary line, as recorded, with this run's count."""
+    line = next(l for l in recorded(tool, "clean") if "SUMMARY" in l)
+    if tool == "racecheck":
+        return (f"========= RACECHECK SUMMARY: {errors} hazard{'s' if errors != 1 else ''} displayed "
+                f"({errors} error{'s' if errors != 1 else ''}, 0 warnings)")
+    return re.sub(r"\d+ errors?$", f"{errors} error{'s' if errors != 1 else ''}", line)
+
 args = sys.argv[1:]
 if args == ["--help"]:
     print("  --tool arg            memcheck, racecheck, initcheck or synccheck")
@@ -35,8 +63,8 @@ with open(os.environ["FAKE_SANITIZER_LOG"], "a") as log:
     log.write(f"{tool} {os.environ.get('PYTORCH_NO_CUDA_MEMORY_CACHING')} {os.environ.get('CUDA_LAUNCH_BLOCKING')}\n")
 with open(os.environ["FAKE_SANITIZER_LOG"] + ".options", "a") as log:
     log.write(" ".join(options) + "\n")
-print("========= COMPUTE-SANITIZER", flush=True)
-code = subprocess.call(args, env=dict(os.environ, FAKE_UNDER_TOOL="1"))
+print(recorded(tool, "clean")[0], flush=True)  # the banner
+code = subprocess.call(args, env=dict(os.environ, FAKE_UNDER_TOOL="1", FAKE_TOOL=tool))
 errors = 0
 inline = os.environ["FAKE_SANITIZER_FINDING"] + ".inline"  # reports the program printed as it ran
 if os.path.exists(inline):
@@ -44,12 +72,15 @@ if os.path.exists(inline):
     os.remove(inline)
 if os.path.exists(os.environ["FAKE_SANITIZER_FINDING"]):
     os.remove(os.environ["FAKE_SANITIZER_FINDING"])  # one report per run that caused one
-    print("========= Invalid __global__ read of size 4 bytes")
-    print("=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31")
-    print("=========     Address 0x7f0000000fa0 is out of bounds")
+    print("\n".join(first_report(tool) + ["========= "]))
     errors += 1
-print(f"========= ERROR SUMMARY: {errors} error{'s' if errors != 1 else ''}")
-sys.exit(code)
+# how the real tool ends a program that failed or was killed: two lines of its own, then
+# the summary, and the program's exit status (a signal's number) as its own
+if code:
+    ending = recorded(tool, "killed_by_signal" if code < 0 else "exit_status_3")
+    print("\n".join(line for line in ending if "terminate" in line or "returned an error" in line))
+print(summary(tool, errors))
+sys.exit(-code if code < 0 else code)
 '''
 
 PROJECT = '''
@@ -116,26 +147,45 @@ def _stand_in(pytester, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SANITIZER_LOG", str(pytester.path / "sanitizer.log"))
     monkeypatch.setenv("FAKE_SANITIZER_FINDING", str(pytester.path / "finding"))
+    monkeypatch.setenv("FAKE_SANITIZER_TRANSCRIPTS", str(TRANSCRIPTS))
     monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
     return pytester.path / "sanitizer.log"
 
 
-def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch):
+# each tool's planted fault as the real tool reported it: the access and where
+REPORTED = {
+    "memcheck": ("compute-sanitizer memcheck: 1 error(s)", "Invalid __global__ read of size 4 bytes",
+                 "shifted_copy_kernel+0xf0 in faulty_kernels.py:33"),
+    "racecheck": ("compute-sanitizer racecheck: 1 error(s), 0 warning(s)",
+                  "Error: Race reported between Write access at racy_shared_kernel+0x100 in faulty_kernels.py:152",
+                  "and Read access at racy_shared_kernel+0x110 in faulty_kernels.py:152 [512 hazards]"),
+    "initcheck": ("compute-sanitizer initcheck: 1 error(s)", "Uninitialized __global__ memory read of size 4 bytes",
+                  "copy_kernel+0xf0 in faulty_kernels.py:18"),
+    "synccheck": ("compute-sanitizer synccheck: 1 error(s)", "Barrier error detected. Divergent thread(s) in warp.",
+                  "divergent_barrier_kernel+0xa0 in faulty_kernels.py:229"),
+}
+
+
+@pytest.mark.parametrize("tool", sorted(REPORTED))
+def test_a_finding_fails_its_test_and_a_clean_run_passes(pytester, monkeypatch, tool):
+    """Under each tool, with its real output: a clean run passes (racecheck's summary is
+    not memcheck's), and its report fails the test that caused it."""
     log = _stand_in(pytester, monkeypatch)
     pytester.makepyfile(test_kernels=PROJECT)
-    result = run(pytester, "--fla-sanitizer=memcheck", "-v", "-p", "no:xdist", "--fla-report=report.json")
+    result = run(pytester, f"--fla-sanitizer={tool}", "-v", "-p", "no:xdist", "--fla-report=report.json")
     out = result.stdout.str()
     result.assert_outcomes(passed=2, failed=2)
     assert "test_kernels.py::test_clean PASSED" in out
     assert "test_kernels.py::test_no_kernel PASSED" in out
     assert "test_kernels.py::test_reads_past_the_end FAILED" in out
-    assert "Invalid __global__ read of size 4 bytes" in out and "faulty_kernels.py:31" in out
+    assert all(text in out for text in REPORTED[tool]), out
+    assert "did not finish" not in out and "ended without" not in out
     assert "assert 1 == 2" in out  # a plain failure keeps its own report...
     # ...and is not re-run under the tool, nor is a test that launched no Triton kernel
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     assert sorted(under_tool) == ["test_clean", "test_reads_past_the_end"]
     # each ran as memcheck, with the caching allocator off and blocking launches
-    assert log.read_text().splitlines() == ["memcheck 1 1"] * 2
+    assert log.read_text().splitlines() == [f"{tool} 1 1"] * 2
     # the report times each test's processes: the plain child, and the tool's run if any
     timed = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "report.json").read_text())["tests"]}
     for name in ("test_clean", "test_reads_past_the_end"):
@@ -268,8 +318,9 @@ REPORT_INLINE = """
 
 def report_inline():
     # what the tool prints while a kernel runs: into the program's stdout, at that moment
-    os.write(1, b"========= Invalid __global__ read of size 4 bytes\\n"
-                b"=========     at shifted_copy_kernel+0x1f0 in /p/faulty_kernels.py:31\\n")
+    # (the tool's own report of its planted fault, as recorded)
+    lines = open(os.path.join(os.environ["FAKE_SANITIZER_TRANSCRIPTS"], "memcheck-oob_read.stdout")).read().splitlines()
+    os.write(1, ("\\n".join(lines[1:lines.index("========= ")]) + "\\n").encode())
     with open(os.environ["FAKE_SANITIZER_FINDING"] + ".inline", "a") as f:
         f.write("x\\n")
 
