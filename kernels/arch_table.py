@@ -1,7 +1,9 @@
-"""The GPU archs the suite knows, and what each allows: one table for the plugin (arch
-targets, compile checks, emulation) and for ``kernels._arch`` (configs per target).
+"""The GPU archs the kernels know, and what each allows: one table for ``kernels._arch``
+(configs per target) and for the plugin (arch targets, compile checks, emulation).
 
-Plain data, no torch or triton: the plugin reads it before anything heavy is imported.
+Plain data, no imports beyond the standard library: the plugin loads this file by path
+(``pytest_fla.targets``) before torch or triton may be imported, without running
+``kernels/__init__.py``.
 """
 
 from __future__ import annotations
