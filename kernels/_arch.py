@@ -78,7 +78,8 @@ def target_arch() -> int:
 @functools.lru_cache(maxsize=None)
 def _device_arch(index: int) -> int:
     """A device's compute capability, asked once: every call's configs read the target, and
-    a host-bound op's call pays each microsecond (``benchmarks/results/README.md``)."""
+    a host-bound op's call pays each microsecond (``kernels/README.md``, "Why the configs are what
+    they are")."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(index)
