@@ -777,7 +777,7 @@ def warm(benches, jobs, limit_s, out=None):
     timed run picks its configs on an idle GPU. Processes still running after ``limit_s``
     are stopped: the timed run compiles what they left. Each op whose warm-up finished is
     listed in ``<out>.warmed``, so that a resumed run warms only the rest (a second warm-up
-    of 25 cached ops took 272 s: benchmarks/results/README.md, fourteenth session)."""
+    of 25 cached ops took 272 s on an H100, 2026-11-27)."""
     import subprocess
 
     env = {**os.environ, "FLA_CACHE_RESULTS": "0"}

@@ -21,7 +21,7 @@ OPS=${FLA_SANITIZER_OPS:-chunk_simple_gla,fused_recurrent_simple_gla}  # "all": 
 # one 10-minute device call each: FLA_SANITIZER_OPS=part_a, then part_b
 case "$OPS" in
   part_a) OPS=chunk_kda,chunk_rwkv7,chunk_dplr_delta_rule,chunk_delta_rule,parallel_attn,chunk_hgrn,fused_recurrent_kda,fused_recurrent_gated_delta_rule,fused_recurrent_rwkv6,fused_recurrent_dplr_delta_rule,fused_recurrent_gla,fused_recurrent_retention,fused_recurrent_rwkv7,rms_norm ;;
-  part_b) OPS=chunk_gated_delta_rule,fused_recurrent_delta_rule,chunk_gla,fused_recurrent_hgrn,gated_delta_net,rotary_embedding,l2norm,rms_norm_gated,causal_conv1d,chunk_rwkv6,chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention,chunk_linear_attn,fused_recurrent_linear_attn ;;
+  part_b) OPS=chunk_gated_delta_rule,fused_recurrent_delta_rule,chunk_gla,fused_recurrent_hgrn,gated_delta_net,apply_rotary,rotary_embedding,l2norm,rms_norm_gated,causal_conv1d,chunk_rwkv6,chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention,chunk_linear_attn,fused_recurrent_linear_attn ;;
 esac
 [ "$OPS" = all ] && OPS_ARG=() || OPS_ARG=("--fla-ops=$OPS")
 WORKERS=${FLA_SANITIZER_WORKERS:-8}

@@ -11,8 +11,6 @@
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
 #   bash benchmarks/gpu_run.sh torchcompile  # the torch.compile checks (tests/test_torch_compile.py) on the GPU
-#   bash benchmarks/gpu_run.sh determinism   # chunk_gated_delta_rule's bf16 run-to-run probe (determinism_probe.py)
-#   bash benchmarks/gpu_run.sh sanicost   # one test's time under memcheck, by kernel filter (sanitizer_cost.py)
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
 #                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 memcheck_module:200 repro:80": steps, limits)
 #   bash benchmarks/gpu_run.sh peer [--fla-ops=a,b]  # the conformance suite over fla-core's ops (--fla-impl=fla), a
@@ -106,7 +104,6 @@ case "$part" in
     # own with them (what the Triton cache did not serve, what was new to it)
     compiles=/tmp/fla-compiles; mkdir -p "$compiles"; earlier=$(ls -t "$compiles"/*.jsonl 2>/dev/null | head -n 1)
     export FLA_COMPILE_LOG=$LOGS/compiles.jsonl
-    ( timeout "${FLA_DIAGNOSE_TIMEOUT:-300}" python3 benchmarks/gpu_diagnose.py > "$LOGS/diagnose.log" 2>&1 ) &
     [ "${FLA_EMULATED:-1}" = 1 ] && ( timeout "${FLA_EMULATED_TIMEOUT:-400}" python3 -m pytest tests/test_conformance.py --fla-arch=sm80 -q -p no:cacheprovider \
         --fla-ops=chunk_simple_gla,fused_recurrent_simple_gla,chunk_retention -n 2 > "$LOGS/emulated_sm80.log" 2>&1 ) &
     FLA_RECORD_ERRORS=$LOGS/errors.jsonl timeout -s INT -k 30 "${FLA_TEST_TIMEOUT:-520}" python3 -m pytest tests/test_conformance.py \
@@ -114,7 +111,6 @@ case "$part" in
     echo "conformance exit $?" >> "$LOGS/tests.log"
     wait
     python3 benchmarks/summarize_errors.py "$LOGS/errors.jsonl" > "$LOGS/errors.md"
-    echo "== diagnose:"; grep -vE "^\s*$" "$LOGS/diagnose.log" | grep -E "^==|rel|worst|Error|error|done|Invalid|at " | head -80
     echo "== emulated sm80:"; grep -E "FAILED" "$LOGS/emulated_sm80.log" | head; tail -n 2 "$LOGS/emulated_sm80.log"
     echo "== conformance failures:"; grep -E " FAILED | ERROR " "$LOGS/tests.log" | sed 's/ - .*//;s/.*:://' | head -40
     echo "== conformance:"; echo "PASSED lines: $(grep -cE " PASSED " "$LOGS/tests.log")"; tail -n 2 "$LOGS/tests.log"
@@ -130,17 +126,6 @@ case "$part" in
       -p no:cacheprovider --fla-report="$LOGS/torch_compile_report.json" "$@" > "$LOGS/torch_compile.log" 2>&1
     echo "torch.compile checks exit $?" >> "$LOGS/torch_compile.log"
     echo "== torch.compile checks:"; grep -E "^FAILED" "$LOGS/torch_compile.log" | sed 's/ - .*//' | head -20; tail -n 2 "$LOGS/torch_compile.log"
-    ;;
-  determinism)
-    # which kernel's pipelining makes chunk_gated_delta_rule's bf16 forward differ between runs
-    timeout "${FLA_PROBE_TIMEOUT:-150}" python3 benchmarks/determinism_probe.py > "$LOGS/determinism_probe.txt" 2>&1
-    echo "== determinism probe:"; cat "$LOGS/determinism_probe.txt" | tail -n 40
-    ;;
-  sanicost)
-    # where a test's time goes under memcheck (sanitizer_cost.py), probes several at a time
-    timeout "${FLA_SANICOST_TIMEOUT:-420}" python3 benchmarks/sanitizer_cost.py --jobs "${FLA_PROBE_JOBS:-8}" \
-      --timeout "${FLA_PROBE_TIMEOUT:-240}" --out "$LOGS" > "$LOGS/sanitizer_cost.log" 2>&1
-    cat "$LOGS/sanitizer_cost.log"
     ;;
   peer)
     # Batch isolation (one subprocess per check and op): a device fault (a mis-shaped gate read out of bounds) fails its own test, and the

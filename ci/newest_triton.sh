@@ -20,7 +20,7 @@
 #   gated_delta_net                   layers/gated_deltanet.py
 #   causal_conv1d                     conv.py
 #   rms_norm_gated                    norm.py, _partials.py
-#   rotary_embedding                  rotary.py
+#   apply_rotary                      rotary.py
 # Numeric checks: forward, backward and varlen (the ones that run every kernel; the
 # input-validation checks run no kernel). Compile-only: sm80 (Ampere's mma, which sm86,
 # sm89 and sm120 share), sm90 (Hopper's wgmma) and sm100 (Blackwell's tcgen05): the code
@@ -34,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TRITON=${FLA_NEWEST_TRITON:-3.9.0}
 VENV=.venv-triton$TRITON
-OPS=chunk_gated_delta_rule,fused_recurrent_gated_delta_rule,chunk_kda,chunk_gla,chunk_rwkv6,fused_recurrent_rwkv6,chunk_simple_gla,fused_recurrent_gla,chunk_dplr_delta_rule,fused_recurrent_dplr_delta_rule,chunk_hgrn,fused_recurrent_hgrn,parallel_attn,gated_delta_net,causal_conv1d,rms_norm_gated,rotary_embedding
+OPS=chunk_gated_delta_rule,fused_recurrent_gated_delta_rule,chunk_kda,chunk_gla,chunk_rwkv6,fused_recurrent_rwkv6,chunk_simple_gla,fused_recurrent_gla,chunk_dplr_delta_rule,fused_recurrent_dplr_delta_rule,chunk_hgrn,fused_recurrent_hgrn,parallel_attn,gated_delta_net,causal_conv1d,rms_norm_gated,apply_rotary
 
 FLA_VENV=$VENV FLA_TRITON=$TRITON bash ci/setup.sh
 

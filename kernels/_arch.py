@@ -17,10 +17,10 @@ import os
 
 import triton
 
-# The arch table (shared memory per arch) is the plugin's, so the two never disagree.
-from pytest_fla.gpu_archs import ALL_ARCHS as KNOWN_ARCHS  # noqa: F401
-from pytest_fla.gpu_archs import SHARED_MEMORY_LIMIT, parse_arch  # noqa: F401
-from pytest_fla.gpu_archs import shared_memory_limit as _limit_of
+# The arch table (shared memory per arch), which the plugin reads too.
+from .arch_table import ALL_ARCHS as KNOWN_ARCHS  # noqa: F401
+from .arch_table import SHARED_MEMORY_LIMIT, parse_arch  # noqa: F401
+from .arch_table import shared_memory_limit as _limit_of
 
 # True while a launch-capture context is active (the plugin's compile-only mode): wrappers
 # then accept CPU tensors, and each ``kernel[grid](...)`` is recorded, compiled offline
@@ -78,7 +78,8 @@ def target_arch() -> int:
 @functools.lru_cache(maxsize=None)
 def _device_arch(index: int) -> int:
     """A device's compute capability, asked once: every call's configs read the target, and
-    a host-bound op's call pays each microsecond (``benchmarks/results/README.md``)."""
+    a host-bound op's call pays each microsecond (``kernels/README.md``, "Why the configs are what
+    they are")."""
     import torch
 
     major, minor = torch.cuda.get_device_capability(index)

@@ -25,7 +25,7 @@ the program's own scratch tile in global memory, which leaves the operands in th
 layout (chunk_gla's forward intra kernel takes it: with the one-product branch below, 0.58
 against 0.78 ms by gather on the H100; in chunk_kda's intra kernel, beside that branch,
 Triton 3.6 compiled it wrong on sm90, so that kernel gathers:
-``benchmarks/results/README.md``). Two ``tl.associative_scan`` per level, the
+``kernels/README.md``). Two ``tl.associative_scan`` per level, the
 other gather-free form tried, was 3.6x slower (``benchmarks/level_variants.py``).
 
 Where the in-chunk cumulative gates are small, none of this is needed: with every

@@ -468,8 +468,8 @@ CAUSAL_CONV1D = library.register("causal_conv1d", _forward, _backward)
 # the forward's program order (_program_blocks): the channel blocks of a row block side by
 # side. On the H100 (B=8 T=4096 D=4096 W=4 bf16, config_sweep.py) forward 0.234 ms against
 # 0.243 with the row blocks side by side; a tile form (each tap's shifted [ROWS, BLOCK_D]
-# tile one load), 0.241-0.430 in either order, was not faster and was dropped (results
-# README, eleventh session)
+# tile one load), 0.241-0.430 in either order, was not faster and was dropped
+# (H100, 2026-11-26)
 FWD_CHANNELS_FASTEST = True
 
 

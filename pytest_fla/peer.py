@@ -124,7 +124,8 @@ ADAPTERS = {
     "rms_norm_gated": _same("fla.modules.fused_norm_gate", "rms_norm_gated",
                             defaults=(("weight", None), ("bias", None), ("eps", 1e-6))),
     "causal_conv1d": _same("fla.modules.convolution", "causal_conv1d"),
-    "rotary_embedding": _same("fla.modules.rotary", "rotary_embedding", prepare=_rotary_tables),
+    "apply_rotary": _same("fla.modules.rotary", "rotary_embedding", prepare=_rotary_tables),
+    "rotary_embedding": _same("fla.modules.rotary", "rotary_embedding"),
 }
 
 

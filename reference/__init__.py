@@ -11,9 +11,10 @@ from .delta import dplr_delta_rule, delta_rule, gated_delta_rule, kda, rwkv7
 from .layers import gated_delta_net
 from .linear import gla, hgrn, linear_attn, retention, rwkv6, simple_gla
 from .norm import l2norm, rms_norm, rms_norm_gated
-from .rotary import rotary_embedding
+from .rotary import apply_rotary, rotary_embedding
 
 __all__ = [
+    "apply_rotary",
     "attention",
     "causal_conv1d",
     "delta_rule",

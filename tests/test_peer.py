@@ -65,7 +65,7 @@ def test_rotary_tables_turn_pairs_as_the_contract_says(fake_peer, interleaved):
             out[b, :, :, 0:12:2], out[b, :, :, 1:12:2] = turned
         else:
             out[b, :, :, :6], out[b, :, :, 6:12] = turned
-    expected = reference.rotary_embedding(x, 12, base=500.0, interleaved=interleaved, seqlen_offset=offsets)
+    expected = reference.apply_rotary(x, 12, base=500.0, interleaved=interleaved, seqlen_offset=offsets)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 

@@ -418,7 +418,7 @@ def half_split_to_interleaved(dim, D):
 def test_rotary_matches_complex_multiplication(interleaved, dim, D):
     B, T, H, offset = 2, 5, 3, 7
     x = randn(B, T, H, D)
-    out = ref.rotary_embedding(x, dim, base=500.0, interleaved=interleaved, seqlen_offset=offset)
+    out = ref.apply_rotary(x, dim, base=500.0, interleaved=interleaved, seqlen_offset=offset)
     order = torch.arange(D) if interleaved else half_split_to_interleaved(dim, D)
     expected = rotary_as_complex(x[..., order], dim, torch.arange(T) + offset, base=500.0)
     torch.testing.assert_close(out[..., order], expected)
@@ -427,17 +427,17 @@ def test_rotary_matches_complex_multiplication(interleaved, dim, D):
 
 def test_rotary_at_position_zero_is_identity():
     x = randn(2, 3, 2, 6)
-    torch.testing.assert_close(ref.rotary_embedding(x, 6)[:, 0], x[:, 0])
-    assert not torch.allclose(ref.rotary_embedding(x, 6)[:, 1], x[:, 1])
+    torch.testing.assert_close(ref.apply_rotary(x, 6)[:, 0], x[:, 0])
+    assert not torch.allclose(ref.apply_rotary(x, 6)[:, 1], x[:, 1])
 
 
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
 def test_rotary_offset_tensor_shifts_each_batch_row(interleaved):
     x, offsets = randn(3, 4, 2, 6), torch.tensor([0, 5, 11])
-    out = ref.rotary_embedding(x, 4, interleaved=interleaved, seqlen_offset=offsets)
+    out = ref.apply_rotary(x, 4, interleaved=interleaved, seqlen_offset=offsets)
     for row, offset in enumerate(offsets.tolist()):
-        expected = ref.rotary_embedding(x[row:row + 1], 4, interleaved=interleaved,
-                                        seqlen_offset=offset)
+        expected = ref.apply_rotary(x[row:row + 1], 4, interleaved=interleaved,
+                                    seqlen_offset=offset)
         torch.testing.assert_close(out[row:row + 1], expected)
 
 
@@ -445,14 +445,28 @@ def test_rotary_offset_tensor_shifts_each_batch_row(interleaved):
 def test_rotary_positions_restart_per_packed_sequence(interleaved):
     lengths, offsets = [3, 0, 1, 4], torch.tensor([2, 9, 0, 4])
     x, cu_seqlens = randn(1, sum(lengths), 2, 6), cu_seqlens_for(lengths)
-    out = ref.rotary_embedding(x, 6, interleaved=interleaved, seqlen_offset=offsets,
-                               cu_seqlens=cu_seqlens)
+    out = ref.apply_rotary(x, 6, interleaved=interleaved, seqlen_offset=offsets,
+                           cu_seqlens=cu_seqlens)
     bounds = cu_seqlens.tolist()
     for n, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
         positions = torch.arange(end - start) + offsets[n]
         order = torch.arange(6) if interleaved else half_split_to_interleaved(6, 6)
         expected = rotary_as_complex(x[:, start:end][..., order], 6, positions)
         torch.testing.assert_close(out[:, start:end][..., order], expected)
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half_split"])
+def test_rotary_tables_read_the_angles_of_each_position(interleaved):
+    """rotary_embedding with the tables of apply_rotary's angles is apply_rotary, packed
+    sequences and per-sequence offsets included; a position past the tables is refused."""
+    lengths, offsets = [3, 4], torch.tensor([2, 9])
+    x, cu_seqlens = randn(1, sum(lengths), 2, 10), cu_seqlens_for(lengths)
+    angle = torch.arange(13, dtype=torch.float64)[:, None] * 500.0 ** (-2 * torch.arange(4, dtype=torch.float64) / 8)
+    out = ref.rotary_embedding(x, angle.cos(), angle.sin(), interleaved, offsets, cu_seqlens)
+    expected = ref.apply_rotary(x, 8, 500.0, interleaved, offsets, cu_seqlens)
+    torch.testing.assert_close(out, expected)
+    with pytest.raises(AssertionError):
+        ref.rotary_embedding(x, angle.cos()[:12], angle.sin()[:12], interleaved, offsets, cu_seqlens)
 
 
 # ---------------------------------------------------------------- norms and conv

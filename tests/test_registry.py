@@ -14,7 +14,6 @@ from pytest_fla.specs import all_specs, family_modules
 # Public names of `kernels` that are not ops of their own, and what checks them instead.
 NOT_OPS = {
     "RotaryEmbedding": "a module holding apply_rotary's arguments (tests/kernels/test_modules.py)",
-    "rotary_embedding": "apply_rotary with the caller's cos/sin tables (tests/kernels/test_modules.py)",
 }
 
 

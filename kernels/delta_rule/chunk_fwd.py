@@ -66,8 +66,8 @@ def prepare_wy_kernel(
     if L2NORM:
         # |k_i|^2 is the diagonal of the Gram product K K^T above, as deterministic as the
         # product itself. (A loop of its own over k cost this kernel 0.21 -> 0.53 ms on the
-        # H100, benchmarks/gate_strength_probe.py; sums from the tiles of the pipelined
-        # product loop changed from run to run on sm90 in bf16: determinism_probe.py.)
+        # H100, under the GatedDeltaNet layer's strong gates; sums from the tiles of the
+        # pipelined product loop changed from run to run on sm90 in bf16.)
         b_ss = tl.sum(tl.where(rows[:, None] == rows[None, :], b_A, 0.0), axis=1)
         b_rk = 1.0 / tl.sqrt(b_ss + L2NORM_EPS)
         # every value head of the group computes the same norms; the first one stores them

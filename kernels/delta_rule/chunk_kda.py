@@ -128,14 +128,13 @@ def kda_configs(K: int, V: int, work: torch.dtype) -> Configs:
     warps used 255 registers and spilled 2.4 KB a thread, forward 3.18 ms; at 8 warps 1.60
     ms, so its levels launch takes 8 warps. Its one-product launch, compiled alone, is
     fastest at 4 warps (forward 0.874 ms against 0.972 at 8, 1.107 at 16; 1.226 for the one
-    launch holding both forms; results README, eleventh session). ``kda_grad_keys_kernel``
+    launch holding both forms; H100, 2026-11-26). ``kda_grad_keys_kernel``
     at 32-wide key blocks (twice the programs, half the tiles): forward+backward 7.17 ->
     6.82 ms. The level sums' sibling totals come from tl.gather: through a scratch tile
     (``kernels/_gate_levels.py``) the forward was 1.50 against 1.60 ms while every program
     took the levels, but beside the one-product branch Triton 3.6 compiled the intra kernel
     wrong on sm90 at K = 32 in fp32 without L stored (finite, wrong outputs, no sanitizer
-    report; not with the gather, 4 or 16 warps, or the levels alone:
-    benchmarks/results/README.md)."""
+    report; not with the gather, 4 or 16 warps, or the levels alone; H100, 2026-11-26)."""
     return dataclasses.replace(choose_configs(K, V, work), prepare_warps=4, prepare_levels_warps=8, grad_BK=32)
 
 

@@ -179,7 +179,7 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         score_BK=32 if wide else min(64, BK_full), score_BV=16 if wide else min(64, BV_full), score_warps=8,
         # V = 64 in one 64-wide value block: Triton 3.6's qkabg_grad_kernel with the
         # one-product branch faults (illegal address) on sm90; two 32-wide blocks, or the
-        # levels alone, do not (benchmarks/dplr_fault_probe.py, H100)
+        # levels alone, do not (each config in a process of its own, H100)
         grad_BK=32, grad_BV=32 if BV_full == 64 else min(64, BV_full), grad_warps=8,
     )
 

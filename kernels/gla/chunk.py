@@ -685,7 +685,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers). 16 warps
         # for bf16 on sm90: 0.882 against 0.920 ms forward at 8 (H100, three sweeps agreeing);
         # the kernel is latency-bound at one block an SM (Nsight Compute: 12.5% occupancy),
-        # and register caps or gather-free level sums were slower (benchmarks/results/README.md).
+        # and register caps or gather-free level sums were slower (kernels/README.md).
         # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
         # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120).
         # siblings: the level sums' sibling totals through a scratch tile, not tl.gather
@@ -703,7 +703,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         "state": dict(BV=state_bv, num_warps=8 if BK >= 128 and state_bv >= 32 else 4,
                       num_stages=_state_stages(BK, state_bv, elt, _arch.shared_memory_limit())),
         # fp32 at a 16-wide value block (V <= 16) read shared memory out of bounds at 8 warps
-        # on sm90 (Triton 3.6, memcheck: _value_contractions' loads, benchmarks/gpu_diagnose.py);
+        # on sm90 (Triton 3.6, memcheck: _value_contractions' loads);
         # 4 warps ran clean there
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=4 if elt == 4 and BV_full <= 16 else 8,
                     num_stages=1),

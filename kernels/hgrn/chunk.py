@@ -15,7 +15,7 @@ sequences) of all channel blocks at once. Forward, two launches:
    to zero (so the forward's counters serve its backward: one fill, a launch, fewer). One
    program does each sequence's scan in a fixed order, so the result does not depend on
    which finished last; folding it into this launch saves a launch's host time (15-30 us each, and
-   this op's forward+backward is host-bound: ``benchmarks/results/README.md``).
+   this op's forward+backward is host-bound: ``kernels/README.md``).
 2. ``_output``: per (chunk, channel block), the chunk's scan from its entering state,
    written as ``o``.
 
@@ -162,7 +162,7 @@ class _Layout:
     def counters(self, device) -> torch.Tensor:
         """The summary's per (sequence, channel block) counts, zero. Each launch leaves them
         zero again, so the forward's serve its backward: one fill a forward+backward, whose
-        host time counts (each fill is a launch; ``benchmarks/results/README.md``)."""
+        host time counts (each fill is a launch; ``kernels/README.md``)."""
         return torch.zeros(self.N * self.channel_blocks, dtype=torch.int32, device=device)
 
     def chunk_grid(self):

@@ -55,7 +55,7 @@ def _configs(arch: int, D: int) -> dict:
     BD = min(wide, _utils.block_size(D, 16))
     return {
         "chunk": dict(BD=BD, num_warps=4),
-        "carry": dict(NC=8),  # chunk maps a step of the summary's in-launch scan (8: fewest registers, fastest; hgrn_scan_probe.py)
+        "carry": dict(NC=8),  # chunk maps a step of the summary's in-launch scan (8: fewest registers, fastest of 8, 16 and 64 on the H100)
         "fused": dict(BD=min(32, BD), num_warps=2),
     }
 

@@ -10,6 +10,7 @@ factory turns into arguments (``offsets_tensor``) never reach the op.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Iterable
 
 import torch
@@ -214,6 +215,10 @@ def _rotary_finish(case: Case, sample: Sample, lengths, gen) -> None:
 
 ROTARY_SMALL = {"B": 2, "T": 13, "H": 3, "D": 16}
 ROTARY_GPU = {"B": 2, "T": 2048, "H": 16, "D": 128}
+ROTARY_COMPILE_CASES = tuple(
+    Case(f"d{d}_{'gptj' if il else 'neox'}", {"B": 1, "T": 16, "H": 32, "D": d}, options={"interleaved": il})
+    for d in (64, 128, 256) for il in (False, True)
+)
 
 
 def _rotary_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
@@ -235,10 +240,10 @@ def _rotary_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
 
 
 ROTARY = op_spec(
-    "rotary_embedding",
+    "apply_rotary",
     family="modules",
     op="kernels.apply_rotary",
-    reference="reference.rotary_embedding",
+    reference="reference.apply_rotary",
     args=ROTARY_ARGS,
     factory=_factory(ROTARY_ARGS, drop=("offsets_tensor",), prepare=_rotary_prepare, finish=_rotary_finish),
     cases=(
@@ -252,12 +257,69 @@ ROTARY = op_spec(
     grads=("x",),
     errors=_rotary_errors,
     outputs=("y",),
-    compile_cases=tuple(
-        Case(f"d{d}_{'gptj' if il else 'neox'}", {"B": 1, "T": 16, "H": 32, "D": d}, options={"interleaved": il})
-        for d in (64, 128, 256) for il in (False, True)
-    ),
+    compile_cases=ROTARY_COMPILE_CASES,
     huge_grid=HUGE_TOKENS,
     int64_dims=INT64_TOKENS,
 )
 
-SPECS = [ROTARY, L2NORM, RMS_NORM, RMS_NORM_GATED, CAUSAL_CONV1D]
+
+# Table positions past what a sequence reaches: the offsets' range, and a margin.
+TABLE_OFFSETS = 64
+
+
+def _table_finish(case: Case, sample: Sample, lengths, gen) -> None:
+    """The cos/sin tables ``[max_pos, R/2]`` of random angles in ``[-pi, pi]`` (the rotary
+    width ``R`` is the case's ``dim``), in x's dtype, long enough for every position;
+    ``offsets_tensor``: one offset per sequence in ``[0, TABLE_OFFSETS)``."""
+    x = sample.kwargs["x"]
+    B, T, _, D = x.shape
+    if case.options.get("offsets_tensor"):
+        N = len(lengths) if lengths is not None else B
+        sample.kwargs["seqlen_offsets"] = torch.randint(0, TABLE_OFFSETS, (N,), generator=gen).to(x.device)
+    max_pos = T + int(case.options.get("seqlen_offsets", 0)) + TABLE_OFFSETS
+    angles = (torch.rand(max_pos, case.options.get("dim", D) // 2, generator=gen) * 2 - 1) * math.pi
+    sample.kwargs["cos"] = angles.cos().to(x.dtype).to(x.device)
+    sample.kwargs["sin"] = angles.sin().to(x.dtype).to(x.device)
+
+
+def _table_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
+    kwargs = spec.sample(spec.cases[0], "fp32", device).kwargs
+    cos, sin, T = kwargs["cos"], kwargs["sin"], kwargs["x"].shape[1]
+    yield from dtype_errors(kwargs, "x")
+    yield ErrorInput("x_3d", with_args(kwargs, x=kwargs["x"][0].contiguous()), ValueError, "`x`")
+    yield ErrorInput("cos_1d", with_args(kwargs, cos=cos[:, 0].contiguous()), ValueError, "`cos`")
+    yield ErrorInput("sin_shape", with_args(kwargs, sin=sin[:, :-1].contiguous()), ValueError, "`sin`.*shape")
+    yield ErrorInput("width_past_head_dim", with_args(kwargs, cos=cos.repeat(1, 4), sin=sin.repeat(1, 4)), ValueError,
+                     "rotary dim")
+    yield ErrorInput("tables_too_short", with_args(kwargs, cos=cos[: T - 1].contiguous(), sin=sin[: T - 1].contiguous()),
+                     ValueError, "positions reach")
+    yield ErrorInput("offset_negative", with_args(kwargs, seqlen_offsets=-1), ValueError, "positions reach")
+    yield ErrorInput("offsets_wrong_length", with_args(kwargs, seqlen_offsets=torch.zeros(kwargs["x"].shape[0] + 1, dtype=torch.int64, device=device)),
+                     ValueError, "`seqlen_offsets`.*shape")
+    yield ErrorInput("tables_need_grad", with_args(kwargs, cos=cos.clone().requires_grad_()), ValueError, "`cos`")
+    yield from varlen_errors(spec, spec.cases[0], device)
+
+
+ROTARY_EMBEDDING = op_spec(
+    "rotary_embedding",
+    family="modules",
+    op="kernels.rotary_embedding",
+    reference="reference.rotary_embedding",
+    args=ROTARY_ARGS,
+    factory=_factory(ROTARY_ARGS, drop=("offsets_tensor", "dim"), finish=_table_finish),
+    cases=(
+        Case("neox", ROTARY_SMALL, options={"seqlen_offsets": 5}, gpu_dims=ROTARY_GPU),
+        Case("gptj_partial", {**ROTARY_SMALL, "D": 24}, options={"dim": 12, "interleaved": True},
+             gpu_dims={**ROTARY_GPU, "D": 96}),
+        Case("offsets_tensor", {**ROTARY_SMALL, "H": 5}, options={"dim": 8, "offsets_tensor": True},
+             gpu_dims={**ROTARY_GPU, "D": 64}),
+    ),
+    grads=("x",),
+    errors=_table_errors,
+    outputs=("y",),
+    compile_cases=ROTARY_COMPILE_CASES,
+    huge_grid=HUGE_TOKENS,
+    int64_dims=INT64_TOKENS,
+)
+
+SPECS = [ROTARY, ROTARY_EMBEDDING, L2NORM, RMS_NORM, RMS_NORM_GATED, CAUSAL_CONV1D]

@@ -74,8 +74,8 @@ def test_rotary_module_rotates_q_and_k_with_fewer_heads():
     q = torch.randn(2, 9, 4, 16, device=DEVICE)
     k = torch.randn(2, 9, 2, 16, device=DEVICE)
     q2, k2 = RotaryEmbedding(8, base=500.0, interleaved=True)(q, k, seqlen_offset=3)
-    assert_close("q", q2, reference.rotary_embedding(q, 8, 500.0, True, 3), "fp32")
-    assert_close("k", k2, reference.rotary_embedding(k, 8, 500.0, True, 3), "fp32")
+    assert_close("q", q2, reference.apply_rotary(q, 8, 500.0, True, 3), "fp32")
+    assert_close("k", k2, reference.apply_rotary(k, 8, 500.0, True, 3), "fp32")
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -86,7 +86,7 @@ def test_rotary_varlen_with_offsets_per_sequence(interleaved):
     dy = torch.randn_like(x)
     check_against_reference(
         lambda x: apply_rotary(x, 12, 10000.0, interleaved, offsets, cu),
-        lambda x: reference.rotary_embedding(x, 12, 10000.0, interleaved, offsets.cpu(), cu.cpu()),
+        lambda x: reference.apply_rotary(x, 12, 10000.0, interleaved, offsets.cpu(), cu.cpu()),
         [x], [dy],
     )
 
@@ -97,7 +97,7 @@ def test_rotary_reads_strided_inputs():
     dy = torch.randn(2, 7, 4, 32, device=DEVICE)[..., 8:24]
     check_against_reference(
         lambda qkv: apply_rotary(qkv[:, :, 1], 16, 10000.0, False, 5),
-        lambda qkv: reference.rotary_embedding(qkv[:, :, 1], 16, 10000.0, False, 5),
+        lambda qkv: reference.apply_rotary(qkv[:, :, 1], 16, 10000.0, False, 5),
         [qkv], [dy],
     )
 
@@ -117,7 +117,7 @@ def test_rotary_from_tables_matches_reference(interleaved):
     dy = torch.randn_like(x)
     check_against_reference(
         lambda x: rotary_embedding(x, cos, sin, interleaved, offsets, cu),
-        lambda x: reference.rotary_embedding(x, 16, 10000.0, interleaved, offsets.cpu(), cu.cpu()),
+        lambda x: reference.apply_rotary(x, 16, 10000.0, interleaved, offsets.cpu(), cu.cpu()),
         [x], [dy],
     )
 

@@ -86,7 +86,7 @@ def test_importing_the_plugin_initialises_nothing():
 
 
 def test_the_plugins_limits_are_the_kernels_limits():
-    """One arch table (pytest_fla.gpu_archs): the kernels read the plugin's."""
+    """One arch table (kernels/arch_table.py): the plugin reads the kernels'."""
     import kernels._arch
 
     assert kernels._arch.SHARED_MEMORY_LIMIT is targets.SHARED_MEMORY_LIMIT
