@@ -241,6 +241,12 @@ def plan(hosts: list[Host], extra: list[int], per_gpu: int) -> Fleet:
             compile_hosts += 1
             add(Target(name, arch, COMPILE_ONLY, f"no host has a GPU that runs {name} code: compiled offline "
                         f"on {host.name}"), host, None, per_gpu)
+    for host in hosts:
+        count = sum(h is host for places in slots.values() for h, _ in places)
+        if count > 1 and host.spec.startswith("socket="):
+            raise ValueError(f"--tx {host.spec} would run {count} workers, and execnet's socket server runs one "
+                             "gateway at a time: start a server per GPU (each with its CUDA_VISIBLE_DEVICES) and "
+                             "give -n 1, or use ssh")
     fleet = Fleet(hosts, list(by_name.values()))
     for name, places in slots.items():
         target = by_name[name]
@@ -277,6 +283,31 @@ def user_specs(config) -> list[str]:
     return specs
 
 
+def check_test_paths(config, specs: list[str]) -> None:
+    """xdist maps the test paths of the command line onto its ``--rsyncdir`` roots for a
+    gateway that is not a plain popen (``ssh=``, ``socket=``, a ``chdir=``), and without
+    such roots fails mid-start with an internal error: say so before anything starts."""
+    import os
+
+    from execnet import XSpec
+
+    roots = list(getattr(config.option, "rsyncdir", None) or [])
+    try:
+        roots += config.getini("rsyncdirs")
+    except ValueError:  # not an ini option without xdist
+        pass
+    if roots:
+        return
+    remote = [s for s in specs if not XSpec(s).popen or XSpec(s).chdir]
+    paths = [a for a in config.invocation_params.args
+             if not str(a).startswith("-") and os.path.exists(str(a).partition("::")[0])]
+    if remote and paths:
+        raise pytest.UsageError(
+            f"--tx {remote[0]}: xdist hands such a gateway test paths relative to its --rsyncdir roots, and there "
+            f"are none: give no test paths ({', '.join(map(str, paths))}) and let each host run its checkout's "
+            "testpaths (select with -k, -m or --fla-ops), or --rsyncdir the directories they are in")
+
+
 def workers_per_gpu(config) -> int:
     """``-n N``, as given (xdist turns ``auto`` into a count of CPUs): N workers per GPU."""
     value = getattr(config.known_args_namespace, "numprocesses", None)
@@ -295,6 +326,7 @@ def start(config) -> Fleet:
     except ValueError as error:
         raise pytest.UsageError(f"--fla-arch: {error}") from None
     specs = user_specs(config)
+    check_test_paths(config, specs)
     try:
         hosts = hosts_from_answers(specs, probe_hosts(specs))
         disagreement = version_disagreement(hosts)
@@ -353,31 +385,51 @@ class FleetWatch:
 
     def __init__(self, report):
         self.report = report
-        self.collected: dict[object, tuple[str, list[str], str]] = {}  # node -> (its target's name, tests, host)
+        self.collected: dict[object, tuple[str, list[str]]] = {}  # node -> (its target's name, its tests)
         self.down: dict[object, str] = {}  # node -> why it went down
+        self.scheduled = False  # every worker's collection arrived, and xdist handed the tests out
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
-        env = node.gateway.spec.env
-        self.collected[node] = (env.get(targets.RUN_TARGET_ENV, "").partition(":")[0], list(ids), env.get(HOST_ENV))
+        self.collected[node] = (node.gateway.spec.env.get(targets.RUN_TARGET_ENV, "").partition(":")[0], list(ids))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
         if error is not None:
             self.down[node] = str(error).strip().splitlines()[-1] if str(error).strip() else "went down"
 
-    def lost(self) -> list[tuple[str, str, str, str]]:
+    def pytest_runtest_logstart(self):
+        self.scheduled = True
+
+    @staticmethod
+    def _where(node) -> str:
+        return f"worker {node.gateway.id} on {node.gateway.spec.env.get(HOST_ENV)}"
+
+    def lost(self) -> list[tuple[str, str, str | None, str]]:
         """``(nodeid, arch, host, why)`` of each test a worker that went down never ran."""
         done = set(self.report.records)
         lost = []
         for node, why in self.down.items():
-            arch, ids, host = self.collected.get(node, ("", [], None))
+            arch, ids = self.collected.get(node, ("", []))
             for nodeid in ids:
                 if (nodeid, arch) not in done:
-                    lost.append((nodeid, arch, host, f"not run: worker {node.gateway.id} on {host} went down ({why})"))
+                    lost.append((nodeid, arch, node.gateway.spec.env.get(HOST_ENV),
+                                 f"not run: {self._where(node)} went down ({why})"))
         return lost
+
+    def early(self) -> list[str]:
+        """The workers that went down before the tests were handed out: xdist then stops
+        the others too (``--max-worker-restart`` reached) and nothing runs."""
+        return [f"{self._where(node)} went down before the tests were handed out ({why}): xdist stopped the run"
+                for node, why in self.down.items() if not self.scheduled]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session):
         for nodeid, arch, host, why in self.lost():
             self.report.add_lost(nodeid, arch, host, why)
+        if self.early() and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a run that ran nothing of a host passes nothing
+
+    def pytest_terminal_summary(self, terminalreporter):
+        for line in self.early():
+            terminalreporter.write_line(f"fla fleet: {line}", red=True)

@@ -181,6 +181,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     role = _role(early_config)
     if role == "child":
         return
+    if options.fla_blocking:
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     if fleet.requested(options.fla_arch):
         early_config.stash[TARGETS] = []  # the controller's come from its hosts (pytest_cmdline_main)
         if role == "worker":
@@ -189,8 +191,6 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if role == "worker":
         # before probe_gpu below: the driver reads CUDA_VISIBLE_DEVICES once, at cuInit
         distribute.pin_worker_to_gpu()
-    if options.fla_blocking:
-        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     gpu = targets.probe_gpu()
     try:
         run_targets = targets.resolve_targets(options.fla_arch, gpu)

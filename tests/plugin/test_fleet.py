@@ -75,6 +75,13 @@ def test_stand_ins_and_gpu_less_hosts_run_the_interpreter():
         fleet.plan([host("vm", [80], stand_in=True), host("a100-box", [80])], extra=[], per_gpu=1)
 
 
+def test_a_socket_server_gets_one_worker():
+    """execnet's socket server runs one gateway at a time: a second worker would wait for ever."""
+    assert len(fleet.plan([host("a", [90], spec="socket=a:8888")], extra=[], per_gpu=1).workers) == 1
+    with pytest.raises(ValueError, match="runs one gateway at a time: start a server per GPU"):
+        fleet.plan([host("a", [90, 90], spec="socket=a:8888")], extra=[], per_gpu=1)
+
+
 def test_hosts_are_named_by_hostname_numbered_where_gateways_share_one():
     answer = {"hostname": "box", "python": "3.11.7", "torch": "2.11.0", "triton": "3.6.0", "sanitizer": None,
               "driver": "570.86.15", "error": None, "stand_in": None,
@@ -144,15 +151,34 @@ def test_compile(arch):
 STAND_INS = ["--tx", "popen//env:FLA_FLEET_STAND_IN=sm80", "--tx", "popen//env:FLA_FLEET_STAND_IN=sm90"]
 
 
-def fleet_report(pytester, *args):
-    result = run(pytester, *STAND_INS, "--fla-report=report.json", *args)
+def fleet_report(pytester, *args, gateways=STAND_INS):
+    result = run(pytester, *gateways, "--fla-report=report.json", *args)
     path = pytester.path / "report.json"
     return result, (json.loads(path.read_text()) if path.exists() else None)
 
 
+# pytest on a machine without torch, Triton or numpy (the CI recipe's controller)
+CONTROLLER_WITHOUT_TORCH = '''
+import importlib.abc, sys
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.partition(".")[0] in ("torch", "triton", "numpy"):
+            raise ImportError(f"{name} is not installed on this controller")
+
+sys.meta_path.insert(0, NotInstalled())
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+'''
+
+
 def test_each_arch_runs_on_its_own_gateway_into_one_matrix(pytester):
     pytester.makepyfile(test_numeric=PROJECT, test_compiles=COMPILE_PROJECT)
-    result, data = fleet_report(pytester, "--fla-arch=fleet,sm100")
+    (pytester.path / "controller.py").write_text(CONTROLLER_WITHOUT_TORCH)
+    result = pytester.run(sys.executable, "controller.py", "-p", "no:cacheprovider", "-p", "no:randomly", *STAND_INS,
+                          "--fla-arch=fleet,sm100", "--fla-report=report.json", "test_numeric.py", "test_compiles.py",
+                          timeout=540)
+    data = json.loads((pytester.path / "report.json").read_text())
     out = result.stdout.str()
     assert result.ret == 0, out
     host1, host2 = (h["name"] for h in data["hosts"])
@@ -281,3 +307,67 @@ def test_two_gpus_two_gateways(pytester):
     assert sorted({(t["host"], t["gpu"]) for t in tests}) == sorted(
         (h["name"], h["gpus"][0]["id"]) for h in data["hosts"])  # each host ran its share, on its own GPU
     assert len(data["hosts"]) == 2 and {t["gpu"] for t in tests} == {"0", "1"}
+
+
+def test_hosts_with_checkouts_of_their_own_run_their_testpaths(pytester, tmp_path):
+    """The README's ssh recipe (``ssh=HOST//python=DIR/.venv/bin/python//chdir=DIR``, no test
+    paths), with popen gateways in checkouts of their own standing in for the hosts."""
+    pytester.makepyfile(test_numeric=PROJECT)
+    (pytester.path / "pytest.ini").write_text("[pytest]\ntestpaths = .\n")
+    gateways = []
+    for name, arch in (("host-a", "sm80"), ("host-b", "sm90")):
+        checkout = tmp_path / name
+        checkout.mkdir()
+        for path in ("test_numeric.py", "pytest.ini"):
+            (checkout / path).write_text((pytester.path / path).read_text())
+        gateways += ["--tx", f"popen//python={sys.executable}//chdir={checkout}//env:FLA_FLEET_STAND_IN={arch}"]
+    refused = run(pytester, *gateways, "--fla-arch=fleet", "test_numeric.py")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    assert "give no test paths (test_numeric.py)" in refused.stderr.str()
+    (pytester.path / "test_numeric.py").unlink()  # the hosts' checkouts have the tests, the controller none
+    result, data = fleet_report(pytester, "--fla-arch=fleet", gateways=gateways)
+    assert result.ret == 0, result.stdout.str()
+    assert {arch: cells["opa"]["forward"]["passed"] for arch, cells in data["matrix"].items()} == {"sm80": 4, "sm90": 4}
+
+
+def test_the_sanitizer_runs_in_every_hosts_workers(pytester, monkeypatch):
+    """--fla-sanitizer on a fleet, with test_sanitizer_flow's stand-in compute-sanitizer on
+    the hosts' PATH: each host re-runs its tests under the tool, and a finding fails the
+    test on the host that found it."""
+    from test_sanitizer_flow import PROJECT as KERNELS
+    from test_sanitizer_flow import _stand_in
+
+    log = _stand_in(pytester, monkeypatch)
+    pytester.makepyfile(test_kernels=KERNELS.split("def test_fails_plainly")[0])
+    # a finding file per host: the stand-in takes the one its test leaves, and the hosts run at once
+    gateways = [arg if arg == "--tx" else f"{arg}//env:FAKE_SANITIZER_FINDING={pytester.path}/finding-{arg[-4:]}"
+                for arg in STAND_INS]
+    result, data = fleet_report(pytester, "--fla-arch=fleet", "--fla-sanitizer=memcheck", gateways=gateways)
+    out = result.stdout.str()
+    host1, host2 = (h["name"] for h in data["hosts"])
+    tests = {(t["arch"], t["nodeid"].split("::")[1]): t for t in data["tests"]}
+    for arch, host_name in (("sm80", host1), ("sm90", host2)):
+        assert tests[(arch, "test_clean")]["outcome"] == "passed"
+        finding = tests[(arch, "test_reads_past_the_end")]
+        assert finding["outcome"] == "failed" and finding["host"] == host_name
+        assert finding["sanitizer_seconds"]
+    assert out.count("Invalid __global__ read of size 4 bytes") >= 2
+    assert log.read_text().splitlines() == ["memcheck 1 1"] * 4  # two tests under the tool on each host
+
+
+def test_a_host_that_goes_down_before_the_tests_start_fails_the_run(pytester):
+    """xdist hands the tests out once every worker has collected; a worker gone before that
+    stops the run with nothing run, which must not pass."""
+    pytester.makepyfile(test_numeric=PROJECT)
+    pytester.makeconftest('''
+        import os
+
+        def pytest_collection_modifyitems(items):
+            if os.environ.get("DIE_IN_COLLECTION"):
+                os._exit(3)
+    ''')
+    result = run(pytester, STAND_INS[0], STAND_INS[1], STAND_INS[2], STAND_INS[3] + "//env:DIE_IN_COLLECTION=1",
+                 "--fla-arch=fleet")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["fla fleet: worker gw1 on * went down before the tests were handed out (*): "
+                                 "xdist stopped the run"])
