@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from . import targets
-from .distribute import SHARD_ENV
+from .distribute import SHARD_ENV, with_env
 from .report import HOST_ENV
 from .targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Target, arch_name
 
@@ -255,18 +255,8 @@ def plan(hosts: list[Host], extra: list[int], per_gpu: int) -> Fleet:
                    "CUDA_VISIBLE_DEVICES": gpu if gpu is not None and target.mode != INTERPRETER else ""}
             if len(places) > 1:
                 env[SHARD_ENV] = f"{k}/{len(places)}"
-            fleet.workers.append(FleetWorker(worker_spec(host.spec, env), host.name, target, gpu))
+            fleet.workers.append(FleetWorker(with_env(host.spec, env), host.name, target, gpu))
     return fleet
-
-
-def worker_spec(spec: str, env: dict[str, str]) -> str:
-    """``spec`` with ``env`` set in the worker (execnet's ``env:``; the last setting of a
-    name wins) and without an ``id=``: xdist names each worker."""
-    for key, value in env.items():
-        if "//" in value:
-            raise pytest.UsageError(f"{key}={value!r}: a value with '//' cannot be passed to an xdist worker")
-    parts = [p for p in spec.split("//") if not p.startswith("id=")]
-    return "//".join(parts + [f"env:{key}={value}" for key, value in env.items()])
 
 
 def user_specs(config) -> list[str]:

@@ -104,7 +104,9 @@ def test_version_disagreement_names_each_version_and_its_hosts():
 
 
 def test_a_worker_spec_keeps_the_users_gateway_and_adds_the_workers_settings():
-    spec = fleet.worker_spec("ssh=gpu-a//id=mine//python=/v/bin/python", {"FLA_FLEET_HOST": "gpu-a", "X": ""})
+    from pytest_fla.distribute import with_env
+
+    spec = with_env("ssh=gpu-a//id=mine//python=/v/bin/python", {"FLA_FLEET_HOST": "gpu-a", "X": ""})
     assert spec == "ssh=gpu-a//python=/v/bin/python//env:FLA_FLEET_HOST=gpu-a//env:X="
 
 
@@ -371,3 +373,24 @@ def test_a_host_that_goes_down_before_the_tests_start_fails_the_run(pytester):
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["fla fleet: worker gw1 on * went down before the tests were handed out (*): "
                                  "xdist stopped the run"])
+
+
+def test_the_ci_job_drives_the_hosts_it_is_given(tmp_path):
+    """ci/fleet_job.sh as ci/fleet_workflow.yml runs it, given popen gateways standing in for
+    the ssh hosts, on a small selection of this repository's suite."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHON=sys.executable, FLA_SELECT="--fla-ops=l2norm", FLA_FLEET_ARCH="fleet",
+               FLA_FLEET_TX=" ".join(STAND_INS[1::2]), PYTHONPATH=str(root))
+    report_path = tmp_path / "report.json"
+    job = subprocess.run(["bash", "ci/fleet_job.sh", "tests/test_conformance.py", "-k", "forward and fp32",
+                          f"--fla-report={report_path}", f"--junitxml={tmp_path / 'junit.xml'}"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=540)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    data = json.loads(report_path.read_text())
+    cells = {arch: ops["l2norm"]["forward"] for arch, ops in data["matrix"].items()}
+    assert set(cells) == {"sm80", "sm90"} and all(c["passed"] and not c["failed"] for c in cells.values())
+    assert [len(c["hosts"]) for c in cells.values()] == [1, 1] and cells["sm80"]["hosts"] != cells["sm90"]["hosts"]
+    assert all(t["process_seconds"] is not None for t in data["tests"])  # the job's --fla-isolate=module children
