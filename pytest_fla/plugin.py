@@ -271,13 +271,13 @@ def pytest_report_header(config):
     if state is None or state.role != "controller":
         return None
     lines = [toolchain.header_line()]
-    hosts = config.stash.get(FLEET, None)
-    if hosts is not None:
-        lines += fleet.header_lines(hosts)
+    planned = config.stash.get(FLEET, None)
+    if planned is not None:
+        lines += fleet.header_lines(planned)
     lines.append(f"fla targets ({len(state.targets)}):")
-    lines += [f"  {t.name}: {t.mode} - {t.reason}" + (f"; {fleet.target_hosts(hosts, t)}" if hosts else "")
+    lines += [f"  {t.name}: {t.mode} - {t.reason}" + (f"; {fleet.target_hosts(planned, t)}" if planned else "")
               for t in state.targets]
-    if len(state.targets) > 1 and hosts is None:
+    if len(state.targets) > 1 and planned is None:
         lines.append("  one xdist worker per target (-n N: N for a target that runs the numeric checks, N shared "
                      "out among the compile-only ones; each a share of its tests); compile checks run in their "
                      "own arch's workers")

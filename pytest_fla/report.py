@@ -2,10 +2,10 @@
 
 Each test report is tagged, in the process that ran the test, with its op (the
 ``fla_op`` marker), its check (the test function's name less ``test_``), and the arch
-target and mode of that process (``user_properties``, which travel through xdist and
-child processes). The process that sees every report (the xdist controller, or the
-only process) folds them into a matrix, prints it, and writes it as JSON with
-``--fla-report``.
+target and mode of that process, and in a fleet its host and GPU (``user_properties``,
+which travel through xdist and child processes). The process that sees every report
+(the xdist controller, or the only process) folds them into a matrix, prints it, and
+writes it as JSON with ``--fla-report``.
 """
 
 from __future__ import annotations
