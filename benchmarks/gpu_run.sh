@@ -8,6 +8,7 @@
 #                                         # kernels, one launch each (FLA_NCU_OPS=a,b; FLA_NCU_KERNELS: a name regex)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
 #   bash benchmarks/gpu_run.sh multigpu   # -n auto on a several-GPU machine: one pinned worker per GPU
+#   bash benchmarks/gpu_run.sh fleet      # --fla-arch=fleet on two GPUs: a popen gateway pinned to each, as two hosts
 #   bash benchmarks/gpu_run.sh tests      # conformance suite on the GPU (fp32 + bf16, realistic sizes), errors
 #                                         # recorded; the simple_gla checks emulated as sm80 beside it
 #   bash benchmarks/gpu_run.sh torchcompile  # the torch.compile checks (tests/test_torch_compile.py) on the GPU
@@ -94,6 +95,26 @@ case "$part" in
     nvidia-smi -L >> "$LOGS/machine.txt"
     echo "== pinning:"; grep -E "PASSED|FAILED|SKIPPED|passed|failed|Error" "$LOGS/pinning.log" | tail -n 8
     echo "== -n auto:"; head -n 12 "$LOGS/auto.log" | grep -E "fla|created|platform"; tail -n 2 "$LOGS/auto.log"
+    ;;
+  fleet)
+    # Two gateways pinned one GPU each stand for two hosts of one arch: they share its tests (each
+    # once), sm80 runs emulated on the first; the matrix names each cell's hosts.
+    timeout 200 python3 -m pytest tests/plugin/test_fleet.py -k two_gpus -v -s -p no:cacheprovider -p no:randomly -rs \
+      > "$LOGS/two_gpus.log" 2>&1
+    timeout 330 python3 -m pytest tests/test_conformance.py --fla-ops=l2norm,chunk_simple_gla -n 4 -p no:cacheprovider \
+      -p no:randomly --fla-arch=fleet,sm80 --tx popen//env:CUDA_VISIBLE_DEVICES=0 --tx popen//env:CUDA_VISIBLE_DEVICES=1 \
+      --fla-report="$LOGS/fleet-report.json" > "$LOGS/fleet.log" 2>&1
+    echo "== two gateways (test_fleet.py):"; grep -E "PASSED|FAILED|SKIPPED|passed|failed" "$LOGS/two_gpus.log" | tail -n 4
+    echo "== suite:"; grep -E "^fla (fleet|targets)|^  [a-z0-9#.-]+: |^  sm" "$LOGS/fleet.log" | head -n 12
+    sed -n '/ops x checks per arch/,/^slowest/p' "$LOGS/fleet.log"; tail -n 1 "$LOGS/fleet.log"
+    python3 - "$LOGS/fleet-report.json" <<'PY'
+import collections, json, sys
+tests = json.load(open(sys.argv[1]))["tests"]
+count = collections.Counter((t["arch"], t["host"], t["gpu"], t["outcome"]) for t in tests)
+print("arch   host            GPU  outcome   tests")
+for (arch, host, gpu, outcome), n in sorted(count.items(), key=str):
+    print(f"{arch:<6} {host or '-':<15} {gpu or '-':<4} {outcome:<9} {n}")
+PY
     ;;
   faults)
     FLA_LOG_DIR=$LOGS timeout "${FLA_FAULTS_TIMEOUT:-300}" bash benchmarks/gpu_plugin_checks.sh faults > "$LOGS/faults.out" 2>&1

@@ -21,11 +21,17 @@ GPUS_ENV = "FLA_GPUS"
 
 
 def tx_spec(target: targets.Target, extra_env: dict[str, str]) -> str:
-    env = {**targets.target_environment(target), **extra_env}
+    return with_env("popen", {**targets.target_environment(target), **extra_env})
+
+
+def with_env(spec: str, env: dict[str, str]) -> str:
+    """The execnet gateway ``spec`` with ``env`` set in the worker (``env:``; the last
+    setting of a name wins) and without an ``id=``: xdist names each worker."""
     for key, value in env.items():
         if "//" in value:
-            raise pytest.UsageError(f"{key}={value!r}: a path with '//' cannot be passed to an xdist worker")
-    return "popen" + "".join(f"//env:{key}={value}" for key, value in env.items())
+            raise pytest.UsageError(f"{key}={value!r}: a value with '//' cannot be passed to an xdist worker")
+    parts = [part for part in spec.split("//") if not part.startswith("id=")]
+    return "//".join(parts + [f"env:{key}={value}" for key, value in env.items()])
 
 
 # "k/n": this worker runs the k-th of n shares of its target's tests (several workers per target)

@@ -5,7 +5,9 @@ Processes of a run:
 
 * the controller (the process you start) resolves ``--fla-arch`` into targets; with one
   target it runs the tests itself, with several it starts one xdist worker per target
-  (``-n N``: N for a target that runs the numeric checks);
+  (``-n N``: N for a target that runs the numeric checks); under ``--fla-arch=fleet`` it
+  probes the hosts of the user's ``--tx`` gateways and starts one worker per GPU on each
+  (``fleet.py``);
 * a worker runs every test under its own target (``FLA_RUN_TARGET`` and friends), or its
   share of them (``FLA_SHARD``);
 * a child (``--fla-child``) runs a batch of tests for ``--fla-isolate`` or the sanitizer
@@ -23,8 +25,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import (compile_check, distribute, gpu_memory, interpreter, poison, registry, repro, sanitizer, targets,
-               time_split, toolchain)
+from . import (compile_check, distribute, fleet, gpu_memory, interpreter, poison, registry, repro, sanitizer,
+               targets, time_split, toolchain)
 from . import report as run_report
 from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
@@ -56,6 +58,7 @@ class RunState:
 RUN = pytest.StashKey[RunState]()
 TARGETS = pytest.StashKey[list]()
 WORKER_COLLECTIONS = pytest.StashKey[dict]()  # xdist worker id -> tests it collected (controller)
+FLEET = pytest.StashKey[fleet.Fleet]()  # under --fla-arch=fleet: the hosts and their workers (controller)
 
 
 def pytest_addhooks(pluginmanager):
@@ -71,7 +74,15 @@ def pytest_addoption(parser):
         default="native",
         help="arch targets: native (default), one arch (sm80), a list (sm80,sm90) or all "
         f"({', '.join(targets.arch_name(a) for a in targets.ALL_ARCHS)}); each runs native, emulated, "
-        "compile-only or under the interpreter, as the machine allows (see the header)",
+        "compile-only or under the interpreter, as the machine allows (see the header). fleet: every "
+        "--tx gateway is a host, each of its GPUs runs its own arch natively, once per arch across hosts "
+        "(fleet,sm100 adds archs no host has, emulated or compile-only)",
+    )
+    group.addoption(
+        "--fla-fleet-mixed-versions",
+        action="store_true",
+        help="under --fla-arch=fleet, run although the hosts' torch or Triton versions differ (by default "
+        "the run stops before any test: their cells would not compare)",
     )
     group.addoption(
         "--fla-sanitizer",
@@ -170,11 +181,16 @@ def pytest_load_initial_conftests(early_config, parser, args):
     role = _role(early_config)
     if role == "child":
         return
+    if options.fla_blocking:
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    if fleet.requested(options.fla_arch):
+        early_config.stash[TARGETS] = []  # the controller's come from its hosts (pytest_cmdline_main)
+        if role == "worker":
+            fleet.prepare_worker()
+        return
     if role == "worker":
         # before probe_gpu below: the driver reads CUDA_VISIBLE_DEVICES once, at cuInit
         distribute.pin_worker_to_gpu()
-    if options.fla_blocking:
-        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
     gpu = targets.probe_gpu()
     try:
         run_targets = targets.resolve_targets(options.fla_arch, gpu)
@@ -190,7 +206,12 @@ def pytest_load_initial_conftests(early_config, parser, args):
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     run_targets = config.stash.get(TARGETS, [])
-    if _role(config) == "controller" and len(run_targets) > 1 and not config.option.collectonly:
+    if _role(config) != "controller" or config.option.collectonly:
+        return
+    if fleet.requested(config.option.fla_arch):
+        config.stash[FLEET] = fleet.start(config)
+        config.stash[TARGETS] = config.stash[FLEET].targets
+    elif len(run_targets) > 1:
         distribute.use_one_worker_per_target(config, run_targets)
 
 
@@ -212,7 +233,7 @@ def pytest_configure(config):
             state.tools = sanitizer.parse_tools(config.option.fla_sanitizer)
         except ValueError as error:
             raise pytest.UsageError(str(error)) from None
-        if sanitizer.executable() is None:
+        if sanitizer.executable() is None and FLEET not in config.stash:  # a fleet's hosts were asked
             raise pytest.UsageError("--fla-sanitizer: compute-sanitizer is not on the PATH")
     if config.option.fla_sanitizer_stall < 0:
         raise pytest.UsageError(f"--fla-sanitizer-stall: {config.option.fla_sanitizer_stall:g} seconds; "
@@ -233,6 +254,9 @@ def pytest_configure(config):
     if role == "controller":
         state.report = run_report.RunReport(state.targets)
         config.pluginmanager.register(ReportCollector(state.report), "fla-report")
+        if FLEET in config.stash:
+            state.report.hosts = [host.to_json() for host in config.stash[FLEET].hosts]
+            config.pluginmanager.register(fleet.FleetWatch(state.report), "fla-fleet")
     if _splits_test_time(config, role):
         # of each test's time, what went to compiling kernels and loading them, from Triton's
         # import on (a process whose tests never import it does not pay for its import)
@@ -246,9 +270,14 @@ def pytest_report_header(config):
     state = config.stash.get(RUN, None)
     if state is None or state.role != "controller":
         return None
-    lines = [toolchain.header_line(), f"fla targets ({len(state.targets)}):"]
-    lines += [f"  {t.name}: {t.mode} - {t.reason}" for t in state.targets]
-    if len(state.targets) > 1:
+    lines = [toolchain.header_line()]
+    planned = config.stash.get(FLEET, None)
+    if planned is not None:
+        lines += fleet.header_lines(planned)
+    lines.append(f"fla targets ({len(state.targets)}):")
+    lines += [f"  {t.name}: {t.mode} - {t.reason}" + (f"; {fleet.target_hosts(planned, t)}" if planned else "")
+              for t in state.targets]
+    if len(state.targets) > 1 and planned is None:
         lines.append("  one xdist worker per target (-n N: N for a target that runs the numeric checks, N shared "
                      "out among the compile-only ones; each a share of its tests); compile checks run in their "
                      "own arch's workers")

@@ -2,15 +2,16 @@
 
 Each test report is tagged, in the process that ran the test, with its op (the
 ``fla_op`` marker), its check (the test function's name less ``test_``), and the arch
-target and mode of that process (``user_properties``, which travel through xdist and
-child processes). The process that sees every report (the xdist controller, or the
-only process) folds them into a matrix, prints it, and writes it as JSON with
-``--fla-report``.
+target and mode of that process, and in a fleet its host and GPU (``user_properties``,
+which travel through xdist and child processes). The process that sees every report
+(the xdist controller, or the only process) folds them into a matrix, prints it, and
+writes it as JSON with ``--fla-report``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
 from . import targets, time_split
@@ -25,6 +26,8 @@ COLLECT_SECONDS_PROPERTY = "fla_collect_seconds"  # of the start-up, collecting 
 PARTS_PROPERTY = "fla_parts_seconds"  # of which in the tests: part of the work -> seconds (time_split)
 SANITIZER_PARTS_PROPERTY = "fla_sanitizer_parts_seconds"  # of those, under the tool
 SLOWEST = 5
+HOST_ENV = "FLA_FLEET_HOST"  # the host a fleet worker runs on, set in its environment (pytest_fla/fleet.py)
+RUNS_ON_GPU = (targets.NATIVE, targets.EMULATED)
 
 
 def timing_properties(plain, tool) -> dict:
@@ -51,7 +54,8 @@ def op_and_check(item) -> tuple[str | None, str]:
 
 
 def annotate(item, report) -> None:
-    """Tag ``report`` with the op, check, arch and mode (once per report)."""
+    """Tag ``report`` with the op, check, arch and mode (once per report); in a fleet
+    (``FLA_FLEET_HOST``) also the host and the GPU it ran on."""
     if any(name == "fla_arch" for name, _ in report.user_properties):
         return
     op, check = op_and_check(item)
@@ -64,6 +68,29 @@ def annotate(item, report) -> None:
             ("fla_mode", target.mode if target else "unknown"),
         ]
     )
+    host = os.environ.get(HOST_ENV)
+    if host:
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if target and target.mode in RUNS_ON_GPU else None
+        report.user_properties.extend([("fla_host", host), ("fla_gpu", gpu or None)])
+
+
+def check_of(nodeid: str) -> str:
+    """The check a test id names, where its item is not at hand: its function less ``test_``."""
+    return nodeid.partition("::")[2].partition("[")[0].removeprefix("test_")
+
+
+def worker_properties(report) -> dict:
+    """The arch, mode and host of the xdist worker behind a report that carries none: the
+    one xdist's controller writes for the test a worker was running when it died."""
+    env = getattr(getattr(getattr(report, "node", None), "gateway", None), "spec", None)
+    target = getattr(env, "env", {}).get(targets.RUN_TARGET_ENV)
+    if not target:
+        return {}
+    target = targets.decode_target(target)
+    props = {"fla_op": None, "fla_check": check_of(report.nodeid), "fla_arch": target.name, "fla_mode": target.mode}
+    if env.env.get(HOST_ENV):
+        props["fla_host"] = env.env[HOST_ENV]
+    return props
 
 
 @dataclass
@@ -92,15 +119,22 @@ class TestRecord:
     # which xdist worker: with the durations, a timeline of the run (where workers waited)
     started: float | None = None
     worker: str | None = None
+    # in a fleet: the host it ran on (``fleet.Host.name``) and the GPU there
+    host: str | None = None
+    gpu: str | None = None
+
+
+OUTCOMES = ("passed", "failed", "skipped", "lost")  # lost: a fleet worker that was to run it went down
 
 
 @dataclass
 class RunReport:
     targets: list
     records: dict = field(default_factory=dict)  # (nodeid, arch) -> TestRecord
+    hosts: list = field(default_factory=list)  # in a fleet: each host's probe (``fleet.Host.to_json``)
 
     def add(self, report) -> None:
-        props = dict(report.user_properties)
+        props = dict(report.user_properties) or worker_properties(report)
         if "fla_arch" not in props:
             return
         key = (report.nodeid, props["fla_arch"])
@@ -114,6 +148,8 @@ class RunReport:
             record.started = start
         node = getattr(report, "node", None)  # set by xdist's controller
         record.worker = getattr(getattr(node, "gateway", None), "id", None) or record.worker
+        record.host = props.get("fla_host", record.host)
+        record.gpu = props.get("fla_gpu", record.gpu)
         if PROCESS_SECONDS_PROPERTY in props:
             record.process_seconds = props[PROCESS_SECONDS_PROPERTY]
             record.sanitizer_seconds = props.get(SANITIZER_SECONDS_PROPERTY)
@@ -132,8 +168,23 @@ class RunReport:
             record.outcome = "skipped"
             record.reason = outcome_reason(report)
 
+    def add_lost(self, nodeid: str, arch: str, host: str | None, reason: str) -> None:
+        """A test that a fleet worker was to run under ``arch`` and never did: its op and
+        check as the run saw them elsewhere (another arch's run of it), else its check
+        from the test's name alone (and no op: it stays out of the matrix)."""
+        seen = next((r for (other, _), r in self.records.items() if other == nodeid), None)
+        op = seen.op if seen else None
+        check = seen.check if seen else check_of(nodeid)
+        mode = next((t.mode for t in self.targets if t.name == arch), "unknown")
+        self.records[(nodeid, arch)] = TestRecord(nodeid, op, check, arch, mode, outcome="lost", reason=reason,
+                                                  host=host)
+
+    def lost(self) -> list[TestRecord]:
+        return [r for r in self.records.values() if r.outcome == "lost"]
+
     def matrix(self) -> dict:
-        """arch -> op -> check -> {"passed": n, "failed": n, "skipped": n}."""
+        """arch -> op -> check -> {"passed": n, "failed": n, "skipped": n} (and ``"lost": n``
+        where a fleet worker went down; in a fleet, ``"hosts"``: where the cell ran)."""
         table: dict = {}
         for record in self.records.values():
             if record.op is None:
@@ -141,11 +192,17 @@ class RunReport:
             cell = table.setdefault(record.arch, {}).setdefault(record.op, {}).setdefault(
                 record.check, {"passed": 0, "failed": 0, "skipped": 0}
             )
-            cell[record.outcome] += 1
+            cell[record.outcome] = cell.get(record.outcome, 0) + 1
+            if record.host is not None:
+                hosts = cell.setdefault("hosts", [])
+                if record.host not in hosts:
+                    hosts.append(record.host)
+                    hosts.sort()
         return table
 
     def to_json(self) -> dict:
         return {
+            **({"hosts": self.hosts} if self.hosts else {}),
             "archs": [
                 {"name": t.name, "arch": t.arch, "mode": t.mode, "reason": t.reason} for t in self.targets
             ],
@@ -169,6 +226,7 @@ class RunReport:
                     "sanitizer_parts_seconds": r.sanitizer_parts_seconds,
                     "started": None if r.started is None else round(r.started, 3),
                     "worker": r.worker,
+                    **({"host": r.host, "gpu": r.gpu} if self.hosts else {}),
                 }
                 for r in self.records.values()
             ],
@@ -197,6 +255,11 @@ class RunReport:
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
             for row in rows:
                 out.append("  " + "  ".join(text.ljust(width) for text, width in zip(row, widths)).rstrip())
+        lost: dict = {}
+        for record in self.lost():
+            lost.setdefault((record.arch, record.reason), []).append(record)
+        for (arch, reason), records in lost.items():
+            out.append(f"{arch}: {len(records)} test{'s' if len(records) != 1 else ''} {reason}")
         timed = sorted(self.records.values(), key=cost, reverse=True)[:SLOWEST]
         if timed:
             out.append("slowest checks:")
@@ -302,13 +365,19 @@ def outcome_reason(report) -> str | None:
 
 
 def cell_text(cell: dict | None) -> str:
-    """``pass 4``, ``FAIL 1/5``, ``skip 3``, or ``-`` for no test."""
+    """``pass 4``, ``FAIL 1/5``, ``skip 3``, ``LOST 2/5``, or ``-`` for no test; in a fleet
+    followed by the hosts it ran on (``pass 4 @gpu-a,gpu-b``)."""
     if not cell:
         return "-"
-    total = sum(cell.values())
+    total = sum(cell.get(outcome, 0) for outcome in OUTCOMES)
+    lost = f" LOST {cell['lost']}/{total}" if cell.get("lost") else ""
     if cell["failed"]:
-        return f"FAIL {cell['failed']}/{total}"
-    if cell["passed"]:
+        text = f"FAIL {cell['failed']}/{total}{lost}"
+    elif cell["passed"]:
         skipped = f" +{cell['skipped']} skip" if cell["skipped"] else ""
-        return f"pass {cell['passed']}{skipped}"
-    return f"skip {cell['skipped']}"
+        text = f"pass {cell['passed']}{skipped}{lost}"
+    elif cell["skipped"]:
+        text = f"skip {cell['skipped']}{lost}"
+    else:
+        text = lost.strip()
+    return text + (f" @{','.join(cell['hosts'])}" if cell.get("hosts") else "")
