@@ -4,7 +4,10 @@
 # compute-sanitizer memcheck. Prints a table last and keeps it in benchmarks/.
 #
 #   bash benchmarks/gpu_plugin_checks.sh            # every step (about 15-25 minutes)
-#   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | emulated | plain | memcheck | memcheck_module | repro
+#   bash benchmarks/gpu_plugin_checks.sh faults     # one step: faults | tools | emulated | plain | memcheck | memcheck_module
+#                                                   # | every_tool | repro
+#   FLA_SANITIZER_OPS=all bash benchmarks/gpu_plugin_checks.sh every_tool  # all four tools over a selection of every op
+#                                                   # (FLA_SANITIZER_SELECT: a -k expression, default "test_backward and bf16")
 #   FLA_SANITIZER_OPS=all bash benchmarks/gpu_plugin_checks.sh memcheck   # every op's checks under memcheck
 #   FLA_SANITIZER_OPS=part_a bash benchmarks/gpu_plugin_checks.sh memcheck  # half of them (then part_b): one device call each
 #
@@ -25,6 +28,7 @@ case "$OPS" in
 esac
 [ "$OPS" = all ] && OPS_ARG=() || OPS_ARG=("--fla-ops=$OPS")
 WORKERS=${FLA_SANITIZER_WORKERS:-8}
+TOOLS=${FLA_SANITIZER_TOOLS:-memcheck,racecheck,initcheck,synccheck}
 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || echo "note: editable install failed; the pytest11 entry point must already be registered"
 [ -f "$TSV" ] || printf 'step\tcommand\tseconds\texit\tsummary\n' > "$TSV"
@@ -53,6 +57,8 @@ WHAT=${1:-all}
 # Warm the per-target Triton caches first, so 'plain' and 'memcheck' time the checks, not compilation.
 want "$WHAT" plain && "$PY" -m pytest -p no:cacheprovider -q tests/test_conformance.py "${OPS_ARG[@]}" -n "$WORKERS" >/dev/null 2>&1
 want "$WHAT" faults && step faults tests/plugin -v -rs
+# each tool's planted fault and the clean kernels through the plugin, and the output reading
+want "$WHAT" tools && step tools tests/plugin/test_gpu_faults.py tests/plugin/test_sanitizer_output.py -k "each_tool or verdict" -v -n 4
 want "$WHAT" emulated && step emulated tests/test_conformance.py --fla-arch=sm80 "${OPS_ARG[@]}"
 # -v and a JSON report: every test's outcome and duration, even from a run cut short
 want "$WHAT" plain && step plain tests/test_conformance.py "${OPS_ARG[@]}" -n "$WORKERS" -v --fla-report="$LOGS/report.plain.json"
@@ -63,7 +69,10 @@ want "$WHAT" memcheck && step memcheck tests/test_conformance.py "${OPS_ARG[@]}"
 # the same under module batches: one sanitizer process per batch of a worker's tests
 want "$WHAT" memcheck_module && step memcheck_module tests/test_conformance.py "${OPS_ARG[@]}" --fla-sanitizer=memcheck \
   --fla-isolate=module -n "$WORKERS" -v --fla-report="$LOGS/report.memcheck_module.json"
-want "$WHAT" repro && step repro tests/repro --fla-sanitizer=memcheck -v
+# every tool over a selection of every op's checks: no report may fail a correct kernel
+want "$WHAT" every_tool && step every_tool tests/test_conformance.py "${OPS_ARG[@]}" -k "${FLA_SANITIZER_SELECT:-test_backward and bf16}" \
+  --fla-sanitizer="$TOOLS" -n "$WORKERS" -v --fla-report="$LOGS/report.every_tool.json"
+want "$WHAT" repro && step repro tests/repro -p no:randomly --fla-sanitizer="$TOOLS" -v -n 4
 
 echo
 echo "GPU: $(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -n 1)"
