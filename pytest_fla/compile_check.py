@@ -15,7 +15,9 @@ is deselected elsewhere; on a CPU machine that process is compile-only.
 instead of every distinct launch: every kernel the op launches still goes through the
 arch's code generator, at a fraction of the time (the specialisations of other compile
 cases, such as a head dim of 256, are the ones left out; the grid checks see every launch).
-``--fla-compile-dtypes=bf16`` runs the ops in bf16 alone (default: bf16 and fp32).
+``--fla-compile-dtypes=bf16`` runs the ops in bf16 alone (default: bf16 and fp32). The
+first compile case draws its initial state in the run's dtype where the op takes one in it
+(a bf16 state in the bf16 run), the others a float32 state.
 """
 
 from __future__ import annotations
@@ -57,10 +59,12 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
 
     launches = []
     with capture_launches(arch) as recorder:
-        for case in spec.compile_cases:
+        for index, case in enumerate(spec.compile_cases):
             for dtype in dtypes:
-                recorder.label = f"{case.name} {dtype} {direction}"
-                sample = spec.sample(case, dtype, "cpu")
+                case_in = _state_in(spec, case, dtype) if index == 0 else case
+                state = " state " + dtype if case_in is not case else ""
+                recorder.label = f"{case.name} {dtype}{state} {direction}"
+                sample = spec.sample(case_in, dtype, "cpu")
                 if direction == "fwd":
                     with torch.no_grad():
                         spec.call(sample)
@@ -74,6 +78,16 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
                 launches += recorder.launches[start:]
                 del recorder.launches[start:]
     return launches if direction == "bwd" else recorder.launches
+
+
+def _state_in(spec, case, dtype: str):
+    """The first compile case with its initial state in the run's dtype, where the op takes
+    a state in it (``OpSpec.state_dtypes``): the state's loads convert to float32 and its
+    gradient's stores back, typed code that a float32 state never compiles. The other
+    cases keep the float32 state of the usual call."""
+    if dtype in spec.state_dtypes and case.options.get("initial_state"):
+        return case.with_options(initial_state=dtype)
+    return case
 
 
 def check_op_compiles(spec, direction: str, arch: str, scope: str = "launches",
