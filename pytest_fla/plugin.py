@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import (compile_check, distribute, gpu_memory, interpreter, poison, registry, repro, sanitizer, targets,
-               time_split, toolchain)
+from . import (compile_check, distribute, gpu_memory, interpreter, poison, projects, registry, repro, sanitizer,
+               targets, time_split, toolchain)
 from . import report as run_report
 from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
@@ -316,6 +316,12 @@ def pytest_generate_tests(metafunc):
         "cu_seqlens" in getattr(m, "args", ("",))[0] for m in metafunc.definition.iter_markers("parametrize")
     ):
         parametrize_cu_seqlens(metafunc)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.is_dir():
+        projects.refuse_nested_project(collection_path, config)  # a project of its own: refused
+    return None
 
 
 def pytest_collect_file(file_path, parent):
