@@ -76,12 +76,14 @@ def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, dims: str) -> Non
 
 def check_scale(op: str, scale) -> None:
     """``scale`` is None (the op's default) or a finite real number: a NaN or infinite
-    scale would make every output NaN, so it is refused like any other bad argument."""
+    scale would make every output NaN, so it is refused like any other bad argument.
+    While ``torch.compile`` traces, a float argument may be a symbol with no value to test
+    (dynamo leaves floats unspecialised): only its type is checked then."""
     if scale is None:
         return
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
         raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
+    if not torch.compiler.is_compiling() and not math.isfinite(scale):
         raise ValueError(f"{op}: `scale` must be finite, got {scale}")
 
 
