@@ -132,20 +132,21 @@ def state_piece_store(base, b, i_p, i_v, K: tl.constexpr, V: tl.constexpr, BKS: 
 @triton.jit
 def load_state_pieces(states, i_nh, i_v, K: tl.constexpr, V: tl.constexpr, BKS: tl.constexpr, NKS: tl.constexpr,
                       BV: tl.constexpr, LOAD: tl.constexpr):
-    """The value block of the [K, V] fp32 state ``i_nh`` of ``states`` as four [BKS, BV]
-    pieces (those past NKS zero); all zero without LOAD (``states`` then None)."""
+    """The value block of the [K, V] state ``i_nh`` of ``states`` (any float dtype: an
+    initial state may be bf16 or fp16) as four fp32 [BKS, BV] pieces (those past NKS
+    zero); all zero without LOAD (``states`` then None)."""
     b1 = tl.zeros([BKS, BV], dtype=tl.float32)
     b2 = tl.zeros([BKS, BV], dtype=tl.float32)
     b3 = tl.zeros([BKS, BV], dtype=tl.float32)
     b4 = tl.zeros([BKS, BV], dtype=tl.float32)
     if LOAD:
         base = states + i_nh * K * V
-        b1 += state_piece_load(base, 0, i_v, K, V, BKS, BV)
+        b1 += state_piece_load(base, 0, i_v, K, V, BKS, BV).to(tl.float32)
         if NKS > 1:
-            b2 += state_piece_load(base, 1, i_v, K, V, BKS, BV)
+            b2 += state_piece_load(base, 1, i_v, K, V, BKS, BV).to(tl.float32)
         if NKS > 2:
-            b3 += state_piece_load(base, 2, i_v, K, V, BKS, BV)
-            b4 += state_piece_load(base, 3, i_v, K, V, BKS, BV)
+            b3 += state_piece_load(base, 2, i_v, K, V, BKS, BV).to(tl.float32)
+            b4 += state_piece_load(base, 3, i_v, K, V, BKS, BV).to(tl.float32)
     return b1, b2, b3, b4
 
 

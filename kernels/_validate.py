@@ -20,6 +20,8 @@ non-decreasing, ends at T) needs them on the host. That costs one sync per disti
 
 from __future__ import annotations
 
+import math
+import numbers
 import weakref
 
 import torch
@@ -28,6 +30,7 @@ from . import _arch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+STATE_DTYPES = FLOAT_DTYPES
 
 
 def _dtype_names(dtypes) -> str:
@@ -71,6 +74,26 @@ def check_ndim(op: str, name: str, t: torch.Tensor, ndim: int, dims: str) -> Non
         raise ValueError(f"{op}: `{name}` must be {ndim}-D {dims}, got shape {_shape_str(t.shape)}")
 
 
+def check_scale(op: str, scale) -> None:
+    """``scale`` is None (the op's default) or a finite real number: a NaN or infinite
+    scale would make every output NaN, so it is refused like any other bad argument.
+    While ``torch.compile`` traces, a float argument may be a symbol with no value to test
+    (dynamo leaves floats unspecialised): only its type is checked then."""
+    if scale is None:
+        return
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
+        raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
+    if not torch.compiler.is_compiling() and not math.isfinite(scale):
+        raise ValueError(f"{op}: `scale` must be finite, got {scale}")
+
+
+def check_heads(op: str, name: str, heads: int, dims: str) -> None:
+    """``name`` has at least one head. Zero heads is a model configuration mistake (a head
+    count rounded down to 0), never data: refused, not answered with an empty output."""
+    if heads < 1:
+        raise ValueError(f"{op}: `{name}` must have at least one head, got {heads} heads in {dims}")
+
+
 def check_range(op: str, what: str, value: int, lo: int, hi: int) -> None:
     """``lo <= value <= hi`` for a size such as a head dim."""
     if not lo <= value <= hi:
@@ -104,10 +127,13 @@ def check_devices(op: str, **tensors) -> torch.device:
 
 
 def check_initial_state(op: str, initial_state, expected, dims: str = "[N, H, K, V]") -> None:
-    """``initial_state`` is None or a float32 tensor of the expected shape."""
+    """``initial_state`` is None or a float32, bfloat16 or float16 tensor of the expected
+    shape. The kernels read it as float32 whatever its dtype (a state cache kept in the
+    activations' dtype is passed as it is, with no copy) and write its gradient in its
+    own dtype; the final state is float32."""
     if initial_state is None:
         return
-    check_tensor(op, "initial_state", initial_state, (torch.float32,))
+    check_tensor(op, "initial_state", initial_state, STATE_DTYPES)
     check_shape(op, "initial_state", initial_state, expected, dims)
 
 

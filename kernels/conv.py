@@ -103,7 +103,8 @@ def _history_rows(x_b, stride_xt, state, first, start, end, n, d, d_ok, D,
         q = first + k
         v = _load_row(x_b, q, stride_xt, d, tl.where((q >= start) & (q < end), d_ok, False)).to(tl.float32)
         if HAS_STATE:
-            v += tl.load(state + (n * (W - 1) + q - start + W - 1) * D + d, mask=tl.where(q < start, d_ok, False), other=0.0)
+            v += tl.load(state + (n * (W - 1) + q - start + W - 1) * D + d, mask=tl.where(q < start, d_ok, False),
+                         other=0.0).to(tl.float32)
         rows = rows + (v,)
     return rows
 
@@ -367,7 +368,7 @@ def _conv_initial_state_grad_kernel(
         if HAS_DFINAL:
             k_final = k - (end - start)
             grad += tl.load(dfinal + (n * (W - 1) + k_final) * D + d, mask=tl.where(k_final >= 0, d_ok, False), other=0.0)
-        tl.store(dstate + (n * D + d) * (W - 1) + k, grad, mask=d_ok)
+        tl.store(dstate + (n * D + d) * (W - 1) + k, grad.to(dstate.dtype.element_ty), mask=d_ok)
 
 
 def _as_rows(state: torch.Tensor | None) -> torch.Tensor | None:
@@ -450,7 +451,7 @@ def _backward(grads, saved, x, weight, bias, initial_state, cu_seqlens, cu_seqle
     dbias = sums[W * D:].to(bias.dtype) if bias is not None else None
     dstate = None
     if state_rows is not None and needs_grad["initial_state"]:
-        dstate = _utils.empty((N, D, W - 1), torch.float32, x.device)
+        dstate = _utils.empty((N, D, W - 1), initial_state.dtype, x.device)
         if N > 0 and D > 0:
             BLOCK_DS = min(128, triton.next_power_of_2(D))
             _conv_initial_state_grad_kernel[(N, _utils.cdiv(D, BLOCK_DS))](

@@ -215,6 +215,7 @@ def _validate(op, x, seqlen_offset, cu_seqlens, cu_seqlens_cpu, cos=None, sin=No
                              cu_seqlens=cu_seqlens if isinstance(cu_seqlens, torch.Tensor) else None)
     V.check_ndim(op, "x", x, 4, "[B, T, H, D]")
     B, T, H, D = x.shape
+    V.check_heads(op, "x", H, "[B, T, H, D]")
     V.check_range(op, "the head dim D (x.shape[-1])", D, 2, MAX_HEAD_DIM)
     host = V.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -18,17 +18,28 @@ and imports the checks into a test module::
 
 from __future__ import annotations
 
-from .builders import GRID_AXIS_LIMIT, HUGE_GRID_DIMS, INT64_DIMS, huge_grid_dims, linear_attention_spec, op_spec
+from .builders import (
+    GRID_AXIS_LIMIT,
+    HUGE_GRID_DIMS,
+    INT64_DIMS,
+    LOW_PRECISION_STATES,
+    huge_grid_dims,
+    linear_attention_spec,
+    op_spec,
+)
 from .error_inputs import (
     VARLEN_MESSAGES,
     ErrorFactory,
     chain_errors,
     dtype_errors,
     linear_attention_errors,
+    scale_errors,
     shape_errors,
+    state_dtype_errors,
     varlen_errors,
     with_args,
     wrong_device,
+    zero_heads_errors,
 )
 from .inputs import GATE_NORMALIZER, Arg, cu_seqlens_for, draw, make_factory
 from .packings import Packing, packings
@@ -44,6 +55,7 @@ __all__ = [
     "SampleFactory",
     "op_spec",
     "linear_attention_spec",
+    "LOW_PRECISION_STATES",
     # its inputs
     "Arg",
     "make_factory",
@@ -59,6 +71,9 @@ __all__ = [
     "dtype_errors",
     "shape_errors",
     "varlen_errors",
+    "state_dtype_errors",
+    "scale_errors",
+    "zero_heads_errors",
     "linear_attention_errors",
     "with_args",
     "wrong_device",

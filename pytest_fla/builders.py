@@ -30,6 +30,8 @@ def huge_grid_dims(dims: Mapping[str, int], per_batch: str = "H") -> dict[str, i
 HUGE_GRID_DIMS = huge_grid_dims({"T": 32, "H": 6, "K": 16, "V": 16})
 # A sample of 2 rows at a realistic head size; the 64-bit-offset check tiles it past 2**31.
 INT64_DIMS = {"B": 2, "T": 64, "H": 4, "K": 128, "V": 128}
+# The state dtypes besides float32 this project's recurrences take (docs/ops.md).
+LOW_PRECISION_STATES = ("bf16", "fp16")
 
 
 def op_spec(
@@ -52,6 +54,7 @@ def op_spec(
     min_arch: tuple[int, str] | None = None,
     huge_grid: Mapping[str, int] | None = None,
     int64_dims: Mapping[str, int] | None = None,
+    state_dtypes: tuple[str, ...] = (),
     **factory_hooks: Any,
 ) -> OpSpec:
     """The spec of one op. Every field is explicit here:
@@ -74,6 +77,8 @@ def op_spec(
       the oldest arch supported and why.
     * ``huge_grid`` / ``int64_dims``: sizes for the grid-limit and 64-bit-offset checks
       (:func:`huge_grid_dims`, :data:`INT64_DIMS`); None leaves a check out.
+    * ``state_dtypes``: the dtypes besides float32 that ``initial_state`` is taken in
+      (``("bf16", "fp16")``); each is checked against the reference, others must be refused.
     """
     return OpSpec(
         name=name,
@@ -94,6 +99,7 @@ def op_spec(
         huge_grid=None if huge_grid is None else dict(huge_grid),
         int64_dims=None if int64_dims is None else dict(int64_dims),
         args=dict(args),
+        state_dtypes=tuple(state_dtypes),
     )
 
 
@@ -115,13 +121,15 @@ def linear_attention_spec(
     errors: ErrorFactory | None = _DEFAULT,
     huge_grid: Mapping[str, int] | None = _DEFAULT,
     int64_dims: Mapping[str, int] | None = _DEFAULT,
+    state_dtypes: tuple[str, ...] = LOW_PRECISION_STATES,
     **fields: Any,
 ) -> OpSpec:
     """:func:`op_spec` for a q/k/v recurrence returning ``(o, final_state)``, with this
     project's defaults for what is not given: ``op="kernels.<name>"``,
     ``reference="reference.<name less chunk_/fused_recurrent_>"``,
     ``errors=linear_attention_errors()``, ``huge_grid=HUGE_GRID_DIMS`` and
-    ``int64_dims=INT64_DIMS`` (pass ``None`` to leave a check out)."""
+    ``int64_dims=INT64_DIMS`` (pass ``None`` to leave a check out), and initial states
+    taken in bf16 and fp16 as well as float32."""
     base = name.removeprefix("chunk_").removeprefix("fused_recurrent_")
     return op_spec(
         name,
@@ -137,5 +145,6 @@ def linear_attention_spec(
         compile_cases=compile_cases,
         huge_grid=HUGE_GRID_DIMS if huge_grid is _DEFAULT else huge_grid,
         int64_dims=INT64_DIMS if int64_dims is _DEFAULT else int64_dims,
+        state_dtypes=state_dtypes,
         **fields,
     )

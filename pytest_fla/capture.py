@@ -197,12 +197,21 @@ def compile_error_text(error: Exception, context_lines: int = 4) -> str:
     return text
 
 
-def check_launches(launches: list[Launch], arch: int, per_kernel: bool = False) -> CompileResult:
+# (arch, kernel key) of every kernel compiled in this process by a check with
+# ``compiled_before=COMPILED_IN_PROCESS``: the ``run`` compile scope, each kernel once per
+# arch for the whole run (an arch's compile checks run in one process).
+COMPILED_IN_PROCESS: set = set()
+
+
+def check_launches(launches: list[Launch], arch: int, per_kernel: bool = False,
+                   compiled_before: set | None = None) -> CompileResult:
     """Compile every distinct launch for ``arch`` (``per_kernel``: each kernel's first launch
-    per pointer element type) and check it against the arch's limits; every launch's grid too."""
+    per pointer element type; with ``compiled_before``, a set kept across calls, only those
+    not compiled by an earlier call) and check it against the arch's limits; every launch's
+    grid too."""
     limit = SHARED_MEMORY_LIMIT[arch]
     result = CompileResult(arch, launches)
-    seen: set = set()
+    seen: set = set() if compiled_before is None else {k for a, k in compiled_before if a == arch}
     for launch in launches:
         for axis, (size, cap) in enumerate(zip(launch.grid, MAX_GRID)):
             if size > cap:
@@ -211,6 +220,8 @@ def check_launches(launches: list[Launch], arch: int, per_kernel: bool = False) 
         if key in seen:
             continue
         seen.add(key)
+        if compiled_before is not None:
+            compiled_before.add((arch, key))
         compiled = compile_launch(launch, arch)
         if isinstance(compiled, Exception):
             result.problems.append(Problem(launch, f"does not compile: {compile_error_text(compiled)}"))
@@ -232,11 +243,12 @@ class CompileCheckFailed(AssertionError):
     pass
 
 
-def assert_compiles(launches: list[Launch], arch: int, per_kernel: bool = False) -> CompileResult:
+def assert_compiles(launches: list[Launch], arch: int, per_kernel: bool = False,
+                    compiled_before: set | None = None) -> CompileResult:
     """``check_launches`` that fails with every problem listed; returns the result."""
     if not launches:
         raise CompileCheckFailed("no kernel launch was captured: nothing to compile")
-    result = check_launches(launches, arch, per_kernel)
+    result = check_launches(launches, arch, per_kernel, compiled_before)
     if result.problems:
         lines = "\n".join(f"  {p}" for p in result.problems)
         raise CompileCheckFailed(f"{len(result.problems)} problem(s) for {arch_name(arch)}:\n{lines}")

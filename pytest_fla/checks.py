@@ -19,7 +19,7 @@ from .gpu_memory import forward_bytes, other_holders, released_on_error
 from .launches import observe_launches
 from .packings import Packing
 from .poison import poisoned
-from .spec import Case, OpSpec, Sample, torch_dtype
+from .spec import Case, OpSpec, Sample, coarsest, dtype_name, torch_dtype
 from .tolerance import assert_close
 
 
@@ -102,7 +102,9 @@ def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> No
 
 
 def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> list:
-    """Gradients of every differentiable input against float64 autograd of the reference.
+    """Gradients of every differentiable input against float64 autograd of the reference,
+    each held to the budget of the coarser of ``dtype`` and its input's dtype (a gradient
+    comes back in its input's dtype: a bf16 state's in bf16, whatever the run's dtype).
     Returns the op's outputs (for checks that go on with them)."""
     names = differentiable(spec, sample)
     out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
@@ -111,8 +113,22 @@ def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> list:
         assert_close(f"{spec.name}.{name}", o, r, dtype)
     masses = token_masses(spec, sample, names, upstream, dtype)
     for name in names:
-        assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], dtype, "backward", masses.get(name))
+        budget = coarsest(dtype, dtype_name(sample.kwargs[name].dtype))
+        assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], budget, "backward", masses.get(name))
     return out
+
+
+def check_state_dtype(spec: OpSpec, dtype: str, state_dtype: str, device, seed: int) -> None:
+    """A ``dtype`` run from an initial state kept in ``state_dtype`` (bf16, fp16): every
+    output and gradient against the float64 reference run from the same rounded state
+    (:func:`check_backward`), and the final state in float32 (docs/ops.md)."""
+    sample = spec.sample(spec.state_case(state_dtype), dtype, device, seed)
+    state = sample.kwargs["initial_state"]
+    assert state.dtype == torch_dtype(state_dtype), f"{spec.name}: the sample's state is {state.dtype}"
+    out = check_backward(spec, sample, dtype, seed)
+    final = dict(zip(spec.outputs, out)).get("final_state")
+    assert final is None or final.dtype == torch.float32, (
+        f"{spec.name}: the final state from a {state.dtype} initial state is {final.dtype}, not float32")
 
 
 def token_masses(spec: OpSpec, sample: Sample, names, upstream, dtype: str) -> dict:

@@ -15,18 +15,22 @@ is deselected elsewhere; on a CPU machine that process is compile-only.
 instead of every distinct launch: every kernel the op launches still goes through the
 arch's code generator, at a fraction of the time (the specialisations of other compile
 cases, such as a head dim of 256, are the ones left out; the grid checks see every launch).
-``--fla-compile-dtypes=bf16`` runs the ops in bf16 alone (default: bf16 and fp32).
+``--fla-compile-scope=run`` (``--fla-quick``'s) compiles each kernel once per arch for the
+whole run: an op's test compiles the kernels no earlier op's test of that arch compiled.
+``--fla-compile-dtypes=bf16`` runs the ops in bf16 alone (default: bf16 and fp32). The
+first compile case draws its initial state in the run's dtype where the op takes one in it
+(a bf16 state in the bf16 run), the others a float32 state.
 """
 
 from __future__ import annotations
 
-from .capture import CompileResult, assert_compiles, capture_launches
+from .capture import COMPILED_IN_PROCESS, CompileResult, assert_compiles, capture_launches
 from .registry import over_specs
 from .targets import ALL_ARCHS, arch_name, parse_arch
 
 DIRECTIONS = ("fwd", "bwd")
 COMPILE_DTYPES = ("bf16", "fp32")
-SCOPES = ("launches", "kernels")  # --fla-compile-scope: see the module's docstring
+SCOPES = ("launches", "kernels", "run")  # --fla-compile-scope: see the module's docstring
 
 
 def compile_params(specs) -> list:
@@ -57,10 +61,12 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
 
     launches = []
     with capture_launches(arch) as recorder:
-        for case in spec.compile_cases:
+        for index, case in enumerate(spec.compile_cases):
             for dtype in dtypes:
-                recorder.label = f"{case.name} {dtype} {direction}"
-                sample = spec.sample(case, dtype, "cpu")
+                case_in = _state_in(spec, case, dtype) if index == 0 else case
+                state = " state " + dtype if case_in is not case else ""
+                recorder.label = f"{case.name} {dtype}{state} {direction}"
+                sample = spec.sample(case_in, dtype, "cpu")
                 if direction == "fwd":
                     with torch.no_grad():
                         spec.call(sample)
@@ -76,13 +82,24 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
     return launches if direction == "bwd" else recorder.launches
 
 
+def _state_in(spec, case, dtype: str):
+    """The first compile case with its initial state in the run's dtype, where the op takes
+    a state in it (``OpSpec.state_dtypes``): the state's loads convert to float32 and its
+    gradient's stores back, typed code that a float32 state never compiles. The other
+    cases keep the float32 state of the usual call."""
+    if dtype in spec.state_dtypes and case.options.get("initial_state"):
+        return case.with_options(initial_state=dtype)
+    return case
+
+
 def check_op_compiles(spec, direction: str, arch: str, scope: str = "launches",
                       dtypes=COMPILE_DTYPES) -> CompileResult:
     """The test body: capture the op in ``dtypes``, compile for ``arch`` (``scope``: every
     distinct launch, or each kernel once per dtype), fail with every problem found."""
     cap = parse_arch(arch)
     assert cap in ALL_ARCHS
-    return assert_compiles(capture_op(spec, cap, direction, dtypes), cap, per_kernel=scope == "kernels")
+    return assert_compiles(capture_op(spec, cap, direction, dtypes), cap, per_kernel=scope != "launches",
+                           compiled_before=COMPILED_IN_PROCESS if scope == "run" else None)
 
 
 def compile_dtypes(text: str) -> tuple[str, ...]:
@@ -99,7 +116,16 @@ def compile_dtypes(text: str) -> tuple[str, ...]:
 @over_specs("spec,direction,arch", compile_params)
 def test_compile(spec, direction, arch, request):
     """Every kernel config the op launches compiles for ``arch`` within its limits."""
-    option = request.config.getoption
-    scope = option("fla_compile_scope", "launches")
-    dtypes = compile_dtypes(option("fla_compile_dtypes", ",".join(COMPILE_DTYPES)))
+    scope, dtypes = scope_and_dtypes(request.config)
     print(check_op_compiles(spec, direction, arch, scope, dtypes).summary())
+
+
+def scope_and_dtypes(config) -> tuple[str, tuple[str, ...]]:
+    """The run's compile scope and dtypes: the options', or a quick run's where not given."""
+    from . import quick
+
+    option = config.getoption
+    fast = option("fla_quick", False)
+    scope = option("fla_compile_scope", None) or (quick.SCOPE if fast else "launches")
+    dtypes = option("fla_compile_dtypes", None) or (quick.COMPILE_DTYPES if fast else ",".join(COMPILE_DTYPES))
+    return scope, compile_dtypes(dtypes)

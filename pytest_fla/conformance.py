@@ -29,6 +29,7 @@ __all__ = [
     "test_forward",
     "test_backward",
     "test_varlen",
+    "test_state_dtype",
     "test_chunk_vs_recurrent",
     "test_error_inputs",
     "test_device_mismatch",
@@ -90,6 +91,22 @@ def _varlen_params(specs):
 def test_varlen(spec, dtype, packing, fla_device):
     case = spec.cases[0]
     checks.check_varlen(spec, case, packing, dtype, fla_device, checks.seed_for("varlen", spec.name, dtype, packing.name))
+
+
+def _state_dtype_params(specs):
+    return [
+        spec_param(spec, dtype, state_dtype, id_parts=(dtype, f"state_{state_dtype}"))
+        for spec in specs
+        if "initial_state" in spec.args
+        for dtype in ("fp32", "bf16")
+        for state_dtype in spec.state_dtypes
+    ]
+
+
+@over_specs("spec,dtype,state_dtype", _state_dtype_params)
+def test_state_dtype(spec, dtype, state_dtype, fla_device):
+    """An initial state in bf16 or fp16 (``OpSpec.state_dtypes``), against the reference."""
+    checks.check_state_dtype(spec, dtype, state_dtype, fla_device, checks.seed_for("state", spec.name, dtype, state_dtype))
 
 
 @over_specs("spec,dtype,case", case_params("agreement", ("fp32", "bf16"), where=lambda spec: spec.agrees_with is not None))

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
-from .spec import Case, ErrorInput, OpSpec
+from .spec import Case, ErrorInput, OpSpec, torch_dtype
 
 ErrorFactory = Callable[[OpSpec, torch.device], Iterable[ErrorInput]]
 
@@ -70,6 +70,36 @@ def dtype_errors(kwargs: Mapping, name: str) -> Iterable[ErrorInput]:
     """``name`` as float64 and as int64: both a TypeError naming it and its dtype."""
     yield ErrorInput(f"{name}_float64", with_args(kwargs, **{name: kwargs[name].double()}), TypeError, f"`{name}`.*dtype")
     yield ErrorInput(f"{name}_int", with_args(kwargs, **{name: kwargs[name].long()}), TypeError, f"`{name}`.*dtype")
+
+
+def state_dtype_errors(spec: OpSpec, kwargs: Mapping) -> Iterable[ErrorInput]:
+    """``initial_state`` in float64, and in each 16-bit dtype the spec does not take it in
+    (``OpSpec.state_dtypes``): a TypeError naming it and its dtype."""
+    state = kwargs["initial_state"]
+    yield ErrorInput("initial_state_float64", with_args(kwargs, initial_state=state.double()), TypeError,
+                     "`initial_state`.*dtype")
+    for name in ("bf16", "fp16"):
+        if name not in spec.state_dtypes:
+            yield ErrorInput(f"initial_state_{name}", with_args(kwargs, initial_state=state.to(torch_dtype(name))),
+                             TypeError, "`initial_state`.*dtype")
+
+
+def scale_errors(kwargs: Mapping) -> Iterable[ErrorInput]:
+    """A non-finite ``scale`` (NaN, +-inf): a ValueError naming it, never an all-NaN output."""
+    for name, value in (("nan", float("nan")), ("inf", float("inf")), ("minus_inf", float("-inf"))):
+        yield ErrorInput(f"scale_{name}", with_args(kwargs, scale=value), ValueError, "`scale`.*finite")
+
+
+def zero_heads_errors(spec: OpSpec, case: Case, device, heads: Mapping[str, str]) -> Iterable[ErrorInput]:
+    """For each heads dim of ``heads`` (dim -> the argument it is read from, e.g.
+    ``{"H": "q", "HV": "v"}``) that the spec's layouts use: the case drawn with that dim 0,
+    a ValueError naming the argument, never an empty output (docs/ops.md, "Invalid input")."""
+    case = dataclasses.replace(case, gpu_dims=None)  # explicit dims on every device
+    used = {d for arg in spec.args.values() for d in arg.layout}
+    for dim, name in heads.items():
+        if dim in used:
+            kwargs = spec.sample(case.with_dims(**{dim: 0}), "fp32", device).kwargs
+            yield ErrorInput(f"zero_heads_{dim}", kwargs, ValueError, f"`{name}`.*at least one head")
 
 
 def shape_errors(spec: OpSpec, kwargs: Mapping, anchor: str) -> Iterable[ErrorInput]:
@@ -122,12 +152,16 @@ def varlen_errors(spec: OpSpec, case: Case, device, messages: Mapping[str, str] 
                          ValueError, m["initial_state"])
 
 
-def linear_attention_errors(anchor: str = "q", head_dim: str | None = "K", too_large: int = 512) -> ErrorFactory:
+def linear_attention_errors(anchor: str = "q", head_dim: str | None = "K", too_large: int = 512,
+                            heads: Mapping[str, str] | None = None, scale: bool = True) -> ErrorFactory:
     """The error factory for a recurrent op whose sizes are defined by ``anchor``: its
     dtype (float64, int), ``v``'s dtype differing, every other argument mis-shaped,
-    a bfloat16 ``initial_state``, the head dim ``head_dim`` at ``too_large`` (out of the
-    supported range; ``head_dim=None`` for an op whose channel count is unbounded, e.g.
-    hgrn's), and (for a varlen op) every ``cu_seqlens`` mistake."""
+    ``initial_state`` in a dtype it is not taken in (:func:`state_dtype_errors`), the head
+    dim ``head_dim`` at ``too_large`` (out of the supported range; ``head_dim=None`` for an
+    op whose channel count is unbounded, e.g. hgrn's), zero heads (:func:`zero_heads_errors`;
+    ``heads`` defaults to ``H`` read from ``anchor`` and ``HV`` from ``v``; ``{}`` for an op
+    without heads), a non-finite ``scale`` (``scale=False``: the op takes none), and (for a
+    varlen op) every ``cu_seqlens`` mistake."""
 
     def errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
         case = dataclasses.replace(spec.cases[0], options={**spec.cases[0].options, "initial_state": True})
@@ -137,8 +171,10 @@ def linear_attention_errors(anchor: str = "q", head_dim: str | None = "K", too_l
             yield ErrorInput("v_dtype_differs", with_args(kwargs, v=kwargs["v"].half()), TypeError, "`v`")
         yield from shape_errors(spec, kwargs, anchor)
         if "initial_state" in kwargs:
-            yield ErrorInput("initial_state_bf16", with_args(kwargs, initial_state=kwargs["initial_state"].bfloat16()),
-                             TypeError, "`initial_state`.*dtype")
+            yield from state_dtype_errors(spec, kwargs)
+        if scale:
+            yield from scale_errors(kwargs)
+        yield from zero_heads_errors(spec, case, device, {"H": anchor, "HV": "v"} if heads is None else heads)
         if head_dim is not None:
             # explicit dims on every device: a case's GPU dims would put the head dim back in range
             dims = {head_dim: too_large, **({"V": 16} if head_dim != "V" else {})}

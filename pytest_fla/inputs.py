@@ -22,7 +22,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .spec import Case, Sample
+from .spec import Case, Sample, torch_dtype
 
 GATE_NORMALIZER = {"realistic": 8.0, "strong_decay": 0.01, "weak_decay": 64.0}
 
@@ -37,7 +37,8 @@ class Arg:
     kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
     ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per
     head, ``log(1 - 2^(-5-h))`` scaled by the distribution), ``beta`` (``sigmoid(randn)``),
-    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn),
+    ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn, or in the
+    dtype the case's option names),
     ``rwkv_decay`` (RWKV-7's log decay ``-e^{-1/2} sigmoid(randn)``, scaled like ``head_gate``).
     ``optional`` arguments are drawn only when the case's options switch them on.
     ``times`` couples an argument to another: the drawn values are multiplied elementwise
@@ -114,7 +115,8 @@ def make_factory(
 ):
     """An ``OpSpec.factory`` drawing ``args`` for a case.
 
-    Case options whose name is an optional argument switch it on (``initial_state=True``);
+    Case options whose name is an optional argument switch it on (``initial_state=True``;
+    for a ``state`` argument a dtype name, ``initial_state="bf16"``, also rounds it to that dtype);
     every other option is passed to the op as a keyword (``output_final_state=True``),
     except the factory switches named in ``drop``. Hooks, for ops whose inputs are more
     than independent draws: ``prepare(case) -> case`` before drawing (derive a dim or an
@@ -141,6 +143,8 @@ def make_factory(
                 values = values * arg.scale
             drawn[name] = values
             target = torch.float32 if (arg.float32 or arg.kind == "state") and dtype != torch.float64 else dtype
+            if arg.kind == "state" and isinstance(case.options.get(name), str) and dtype != torch.float64:
+                target = torch_dtype(case.options[name])  # a state kept in a lower precision
             kwargs[name] = values.to(target).to(device)
         for key, value in case.options.items():
             if key not in args and key not in drop:

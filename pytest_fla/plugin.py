@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import (compile_check, distribute, fleet, gpu_memory, interpreter, poison, registry, repro, sanitizer,
-               targets, time_split, toolchain)
+from . import (compile_check, distribute, fleet, gpu_memory, interpreter, poison, projects, quick, registry, repro,
+               sanitizer, targets, time_split, toolchain)
 from . import report as run_report
 from .devices import is_interpreter
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
@@ -128,18 +128,26 @@ def pytest_addoption(parser):
     )
     group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
     group.addoption(
+        "--fla-quick",
+        action="store_true",
+        help="a first run in minutes: each check once per op (its first case, fp32), every error input, every "
+        "kernel compiled once per arch in bf16; no tests of no op, no reproducers (pytest_fla/quick.py)",
+    )
+    group.addoption(
         "--fla-compile-scope",
         choices=compile_check.SCOPES,
-        default="launches",
+        default=None,
         help="what the compile checks compile for each arch: every distinct launch an op makes over its "
         "compile cases and dtypes (launches, the default), or each kernel once per dtype, its first launch "
-        "(kernels: a quick run, as for a Triton release beside the pinned one)",
+        "(kernels: a quick run, as for a Triton release beside the pinned one), or each kernel once per arch "
+        "for the whole run (run: the default with --fla-quick)",
     )
     group.addoption(
         "--fla-compile-dtypes",
-        default=",".join(compile_check.COMPILE_DTYPES),
+        default=None,
         metavar="DTYPES",
-        help=f"the dtypes the compile checks run each op in (default {','.join(compile_check.COMPILE_DTYPES)})",
+        help=f"the dtypes the compile checks run each op in (default {','.join(compile_check.COMPILE_DTYPES)}; "
+        f"{quick.COMPILE_DTYPES} with --fla-quick)",
     )
     group.addoption(
         "--fla-impl",
@@ -225,7 +233,7 @@ def pytest_configure(config):
         poison.configure(config.getini(poison.INI))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
-    compile_check.compile_dtypes(config.option.fla_compile_dtypes)  # a usage error before any test
+    compile_check.scope_and_dtypes(config)  # a usage error before any test
     role = _role(config)
     state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
     if config.option.fla_sanitizer and role != "child":
@@ -347,6 +355,12 @@ def pytest_generate_tests(metafunc):
         parametrize_cu_seqlens(metafunc)
 
 
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.is_dir():
+        projects.refuse_nested_project(collection_path, config)  # a project of its own: refused
+    return None
+
+
 def pytest_collect_file(file_path, parent):
     # A reproducer named on the command line is offered to the python collector instead.
     if repro.is_repro_file(file_path) and not parent.session.isinitpath(file_path):
@@ -382,6 +396,9 @@ def pytest_collection_modifyitems(config, items):
             drop.append(item)  # a compile check runs in its own arch's process, nowhere else
         else:
             keep.append(item)
+    if config.option.fla_quick:
+        keep, left_out = quick.split(keep, _compile_arch)
+        drop += left_out
     if drop:
         config.hook.pytest_deselected(items=drop)
     if state.tools:

@@ -77,6 +77,15 @@ class Header:
         return self.fields.get("needs", "device")
 
 
+def child_import_path(config) -> str:
+    """``PYTHONPATH`` for a reproducer's process: the run's rootdir and the ``pythonpath``
+    ini entries, where the test process imports the project under test from (a package
+    checked from its own checkout, not installed), then the inherited path."""
+    entries = [str(config.rootpath), *(str(path) for path in config.getini("pythonpath"))]
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join(entries + ([inherited] if inherited else []))
+
+
 class ReproFile(pytest.File):
     def collect(self):
         header = Header.parse(self.path.read_text(), str(self.path))
@@ -103,7 +112,7 @@ class ReproItem(pytest.Item):
             pytest.skip("compiles kernels offline; the interpreter builds no GPU code")
         expect = self.header.expectation(target.name if target else None)
         command = [sys.executable, "-m", "pytest_fla", "run-repro", str(self.path), "--expect", expect]
-        env = dict(os.environ)
+        env = dict(os.environ, PYTHONPATH=child_import_path(self.config))
         if self.config.getoption("fla_blocking"):
             env["CUDA_LAUNCH_BLOCKING"] = "1"
         run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=self.path.parent)

@@ -33,6 +33,23 @@ def torch_dtype(name: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}[name]
 
 
+def dtype_name(dtype) -> str:
+    """The name of a checked torch dtype (``torch.bfloat16`` -> ``"bf16"``)."""
+    import torch
+
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}[dtype]
+
+
+# Checked dtypes from the finest to the coarsest unit roundoff (fp32 2^-24, fp16 2^-11, bf16 2^-8).
+BY_ROUNDOFF = ("fp32", "fp16", "bf16")
+
+
+def coarsest(*names: str) -> str:
+    """The dtype of ``names`` with the largest unit roundoff: a value rounded to it is held
+    to its budget whatever the run's dtype (e.g. a bf16 state's gradient in an fp32 run)."""
+    return max(names, key=BY_ROUNDOFF.index)
+
+
 @dataclass(frozen=True)
 class Case:
     """A named input configuration: sizes, the distribution inputs are drawn from, options.
@@ -41,7 +58,8 @@ class Case:
     the linear-attention ops); ``dist`` names a distribution the factory knows
     (``realistic``, ``strong_decay``, ...); ``options`` are extra keyword arguments of the
     op (``output_final_state``, ``use_qk_l2norm_in_kernel``, ...) and factory switches
-    (``initial_state``: draw one). ``gpu_dims`` replaces ``dims`` on a CUDA device, where
+    (``initial_state``: draw one; ``True`` draws a state in float32, a dtype name such as
+    ``"bf16"`` one rounded to that dtype). ``gpu_dims`` replaces ``dims`` on a CUDA device, where
     realistic sizes are affordable (CPU runs use the interpreter at small sizes).
     ``checks``, if given, limits the case to those checks (e.g. a large forward-only case).
     """
@@ -63,6 +81,9 @@ class Case:
 
     def with_dims(self, **dims) -> "Case":
         return dataclasses.replace(self, dims={**self.dims, **dims})
+
+    def with_options(self, **options) -> "Case":
+        return dataclasses.replace(self, options={**self.options, **options})
 
 
 @dataclass
@@ -146,6 +167,11 @@ class OpSpec:
     # docs/tolerances.md, "Token-reduced parameters"). The reference must broadcast such a
     # parameter against [B, T, ...] (it is passed one copy per token to get the terms).
     token_reduced: tuple[str, ...] = ()
+    # Dtypes besides float32 that the op takes ``initial_state`` in ("bf16", "fp16"): the
+    # kernels read it as float32, the final state stays float32 and the state's gradient
+    # comes back in its dtype. ``test_state_dtype`` checks each against the float64
+    # reference (the state rounded to it); the error checks expect the others refused.
+    state_dtypes: tuple[str, ...] = ()
 
     @property
     def op_fn(self) -> Callable:
@@ -189,6 +215,15 @@ class OpSpec:
 
         fn = self.reference_for(dtype)
         return reference_call(lambda kwargs: as_tuple(fn(**kwargs)), sample.kwargs)
+
+    def state_case(self, state_dtype: str) -> Case:
+        """The first case that draws an initial state (else the first case, given one),
+        with the state in ``state_dtype`` and the final state asked for."""
+        case = next((c for c in self.cases if c.options.get("initial_state")), self.cases[0])
+        options = {"initial_state": state_dtype}
+        if "final_state" in self.outputs:
+            options["output_final_state"] = True
+        return case.with_options(**options)
 
     def case(self, name: str) -> Case:
         for c in self.cases:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 
@@ -32,11 +31,7 @@ def check_attention_inputs(op, q, k, v, scale, causal, window_size, cu_seqlens, 
     for name, t in (("q", q), ("k", k), ("v", v)):
         val.check_tensor(op, name, t)
     val.check_same_dtype(op, q=q, k=k, v=v)
-    if scale is not None:
-        if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
-            raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"{op}: `scale` must be finite, got {scale}")
+    val.check_scale(op, scale)
     if not isinstance(causal, bool):
         raise TypeError(f"{op}: `causal` must be a bool, got {type(causal).__name__}")
     if window_size is not None:
@@ -48,6 +43,7 @@ def check_attention_inputs(op, q, k, v, scale, causal, window_size, cu_seqlens, 
 
     val.check_ndim(op, "q", q, 4, "[B, T, H, D]")
     B, T, H, D = q.shape
+    val.check_heads(op, "q", H, "[B, T, H, D]")
     val.check_ndim(op, "k", k, 4, "[B, T, HKV, D]")
     HKV = k.shape[2]
     val.check_shape(op, "k", k, (B, T, HKV, D), "[B, T, HKV, D]")

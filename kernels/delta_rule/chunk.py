@@ -112,7 +112,6 @@ head j reads key head ``j // (HV // H)``. The state is [N, HV, K, V] and o [B, T
 
 from __future__ import annotations
 
-import numbers
 from typing import Optional
 
 import torch
@@ -176,19 +175,20 @@ def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
         if name != "g" or gated:
             V_.check_tensor(op, name, t)
     V_.check_same_dtype(op, q=q, k=k, v=v)
-    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
-        raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
+    V_.check_scale(op, scale)
     device = V_.check_devices(op, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
 
     heads = "HV" if gated else "H"
     V_.check_ndim(op, "q", q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
+    V_.check_heads(op, "q", H, "[B, T, H, K]")
     V_.check_shape(op, "k", k, q.shape, "[B, T, H, K]")
     V_.check_ndim(op, "v", v, 4, f"[B, T, {heads}, V]")
     if tuple(v.shape[:2]) != (B, T):
         raise ValueError(f"{op}: `v` must have shape [B, T, {heads}, V] with B, T = {B}, {T} as in q, "
                          f"got [{', '.join(map(str, v.shape))}]")
     HV, Vd = v.shape[2], v.shape[3]
+    V_.check_heads(op, "v", HV, f"[B, T, {heads}, V]")
     if gated:
         if H == 0 or HV % H != 0:
             raise ValueError(f"{op}: `v` has HV = {HV} heads, which must be a multiple of the "

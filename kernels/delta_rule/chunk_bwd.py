@@ -355,7 +355,7 @@ def chunk_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk
 
     dh = empty(h.shape, dt, q.device)
     dvn = empty((B, T, HV, V), dt, q.device)
-    dh0 = empty(initial_state.shape, torch.float32, q.device) if initial_state is not None else None
+    dh0 = empty(initial_state.shape, initial_state.dtype, q.device) if initial_state is not None else None
     state_grad_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_grad_BV),)](
         q, k, saved["w"], saved["G"], saved["P"], saved["rq"], saved["rk"], do, dht, dh, dvn, dh0,
         cu_seqlens, T, scale,

@@ -209,7 +209,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
     h = saved["h"]
     dh = empty(h.shape, work, dev)
     dvn = empty((B, T, HV, V), work, dev)
-    dh0 = empty(initial_state.shape, torch.float32, dev) if initial_state is not None else None
+    dh0 = empty(initial_state.shape, initial_state.dtype, dev) if initial_state is not None else None
     gates = dict(USE_G=False, L2NORM=False, IS_VARLEN=varlen)
     state_grad_kernel[(num_seqs * HV * triton.cdiv(V, cfg.state_grad_BV),)](
         saved["q_in"], saved["k_out"], saved["w"], None, saved["P"], None, None, do, dht, dh, dvn, dh0,

@@ -76,7 +76,6 @@ atomics: two runs are bitwise equal.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -216,7 +215,7 @@ def fused_recurrent_delta_fwd_kernel(
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
+        S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
 
     # Two tokens in flight: token t+1's loads have landed and are prepared while step t
     # runs; token t+2's loads are issued at the top of step t.
@@ -366,7 +365,7 @@ def fused_recurrent_delta_bwd_kernel(
         tl.debug_barrier()  # the next chunk overwrites the scratch tiles read above
 
     if STORE_DH0:
-        tl.store(dh0 + i_nh * K * V + o_kv, dS, mask=m_kv)
+        tl.store(dh0 + i_nh * K * V + o_kv, dS.to(dh0.dtype.element_ty), mask=m_kv)
 
 
 @triton.jit
@@ -544,7 +543,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
     result = dict(q=empty(q.shape, q.dtype, device), k=empty(k.shape, k.dtype, device),
                   v=empty(v.shape, v.dtype, device), g=empty(g.shape, g.dtype, device) if gate != GATE_NONE else None,
                   beta=empty(beta.shape, beta.dtype, device),
-                  initial_state=empty(initial_state.shape, torch.float32, device) if initial_state is not None else None)
+                  initial_state=empty(initial_state.shape, initial_state.dtype, device) if initial_state is not None else None)
     if shapes_only():  # the gradients' shapes are the inputs'; no tile sizes (see _forward)
         return result
     B, T, H, K = q.shape
@@ -606,10 +605,7 @@ def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_
     _validate.check_tensor(op, "beta", beta)
     if gate != GATE_NONE:
         _validate.check_tensor(op, "g", g)
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
-    if scale is not None and not math.isfinite(scale):
-        raise ValueError(f"{op}: `scale` must be finite, got {scale}")
+    _validate.check_scale(op, scale)
     if not isinstance(use_qk_l2norm_in_kernel, bool):
         raise TypeError(f"{op}: `use_qk_l2norm_in_kernel` must be a bool, got "
                         f"{type(use_qk_l2norm_in_kernel).__name__}")
@@ -620,8 +616,8 @@ def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_
     _validate.check_shape(op, "k", k, (B, T, H, K), "[B, T, H, K]")
     _validate.check_ndim(op, "v", v, 4, "[B, T, HV, V]" if gate != GATE_NONE else "[B, T, H, V]")
     HV, V = v.shape[2], v.shape[3]
-    if H < 1:
-        raise ValueError(f"{op}: `q` must have at least one head, got H = {H}")
+    _validate.check_heads(op, "q", H, "[B, T, H, K]")
+    _validate.check_heads(op, "v", HV, "[B, T, HV, V]")
     if gate == GATE_NONE:
         _validate.check_shape(op, "v", v, (B, T, H, V), "[B, T, H, V]")
     else:

@@ -6,7 +6,6 @@ under two sets of names; every message names the argument as the caller spelled 
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +42,7 @@ def check_dplr_inputs(op: str, names: dict, q, k, v, a, b, gk, scale, initial_st
     for name, t in ((nq, q), ("k", k), ("v", v), ("a", a), ("b", b), (ng, gk)):
         val.check_tensor(op, name, t)
     val.check_same_dtype(op, **{nq: q, "k": k, "v": v, "a": a, "b": b})
-    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
-        raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
+    val.check_scale(op, scale)
     if not isinstance(output_final_state, bool):
         raise TypeError(f"{op}: `output_final_state` must be a bool, got {type(output_final_state).__name__}")
     device = val.check_devices(op, **{nq: q, "k": k, "v": v, "a": a, "b": b, ng: gk,
@@ -52,6 +50,7 @@ def check_dplr_inputs(op: str, names: dict, q, k, v, a, b, gk, scale, initial_st
 
     val.check_ndim(op, nq, q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
+    val.check_heads(op, nq, H, "[B, T, H, K]")
     for name, t in (("k", k), ("a", a), ("b", b), (ng, gk)):
         val.check_shape(op, name, t, (B, T, H, K), "[B, T, H, K]")
     val.check_ndim(op, "v", v, 4, "[B, T, H, V]")

@@ -339,7 +339,7 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
 
     dh = empty(h.shape, wt, dev)
     du = empty((B, T, H, V), wt, dev)
-    dh0 = empty(initial_state.shape, torch.float32, dev) if initial_state is not None else None
+    dh0 = empty(initial_state.shape, initial_state.dtype, dev) if initial_state is not None else None
     if num_seqs * H > 0:
         state_bwd_kernel[(num_seqs * H * cdiv(V, cfg.state_BV),)](
             saved["qg"], saved["w"], saved["bg"], saved["A_qb"], saved["decay"], do, dht, dh, du, dh0,

@@ -107,7 +107,7 @@ def dplr_fused_fwd_kernel(
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0)
+        S += tl.load(h0 + i_nh * K * V + o_kv, mask=m_kv, other=0.0).to(tl.float32)
     nq, nk, na, nb, ng, nv = _load_token(q, k, v, a, b, gk, bos, seq_len > 0, i_h, o_k, o_v, m_k, m_v, H, K, V)
     for t in range(0, seq_len):
         tok = bos + t
@@ -211,7 +211,7 @@ def dplr_fused_bwd_kernel(
         tl.debug_barrier()  # the next segment overwrites the scratch tiles read above
 
     if STORE_DH0:
-        tl.store(dh0 + i_nh * K * V + o_kv, dS, mask=m_kv)
+        tl.store(dh0 + i_nh * K * V + o_kv, dS.to(dh0.dtype.element_ty), mask=m_kv)
 
 
 @triton.jit
@@ -277,7 +277,7 @@ def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seq
     device = q.device
     grads = [empty(t.shape, t.dtype, device) for t in (q, k, a, b, gk)]
     dv = empty(v.shape, v.dtype, device)
-    dh0 = empty(initial_state.shape, torch.float32, device) if initial_state is not None else None
+    dh0 = empty(initial_state.shape, initial_state.dtype, device) if initial_state is not None else None
     if shapes_only():  # the gradients' shapes are the inputs'; no tile sizes (see _forward)
         dq, dk, da, db, dg = grads
         return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)

@@ -152,7 +152,7 @@ def fused_recurrent_fwd_kernel(
         first_block = (i_v == 0).to(tl.float32)  # the block whose dq slab takes the whole do . v term
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
-        S += tl.load(h0 + tile, mask=m_kv, other=0.0)
+        S += tl.load(h0 + tile, mask=m_kv, other=0.0).to(tl.float32)
     # The step's inputs are loaded one step ahead: each step is a few hundred cycles of
     # arithmetic on a state in registers, and with loads issued where they are used every
     # step would wait out a full memory latency (a few hundred programs, one pass over T).
@@ -416,7 +416,7 @@ def fused_recurrent_bwd_kernel(
     if BONUS:
         tl.store(du_part + du_row * H * K + i_h * K + o_k, b_du, mask=m_k)
     if STORE_DH0:
-        tl.store(dh0 + tile, dS, mask=m_kv)
+        tl.store(dh0 + tile, dS.to(dh0.dtype.element_ty), mask=m_kv)
 
 
 @triton.jit
@@ -606,7 +606,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     checkpoints = empty((slots, H, K, V), torch.float32, q.device) if need_dgate else None
     dv_partial = split_k and NP > 1
     dv = empty((NP, *v.shape) if dv_partial else v.shape, torch.float32 if dv_partial else v.dtype, v.device)
-    dh0 = empty(initial_state.shape, torch.float32, q.device) if need_dh0 else None
+    dh0 = empty(initial_state.shape, initial_state.dtype, q.device) if need_dh0 else None
     du_part = empty((N * NV, H * K), torch.float32, q.device) if u is not None else None
     gates = dict(USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None)
     bonus_dots = _bonus_dots(q, k, u, do, v) if u is not None else None

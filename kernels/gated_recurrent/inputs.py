@@ -4,7 +4,6 @@ same clear errors before any launch (docs/ops.md, "Invalid input")."""
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
@@ -62,8 +61,7 @@ def check_gated_inputs(
     for name, t in (("g", g), ("g_gamma", g_gamma), (gk_name, gk), ("u", u)):
         if t is not None:
             val.check_tensor(op, name, t)
-    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)):
-        raise TypeError(f"{op}: `scale` must be a float or None, got {type(scale).__name__}")
+    val.check_scale(op, scale)
     # later pairs win: for gla the per-channel gate takes the name `g` of the (absent) scalar one
     tensors = dict([(q_name, q), ("k", k), ("v", v), ("g", g), ("g_gamma", g_gamma), (gk_name, gk), ("u", u),
                     ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)])
@@ -71,6 +69,7 @@ def check_gated_inputs(
 
     val.check_ndim(op, q_name, q, 4, "[B, T, H, K]")
     B, T, H, K = q.shape
+    val.check_heads(op, q_name, H, "[B, T, H, K]")
     val.check_shape(op, "k", k, (B, T, H, K), "[B, T, H, K]")
     val.check_ndim(op, "v", v, 4, "[B, T, H, V]")
     V = v.shape[-1]

@@ -379,7 +379,7 @@ def _states_fwd(
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         p_h0, m_h0 = _state_tile(h0, i_nh, K, V, 0, v0, BK, BV)
-        h = tl.load(p_h0, mask=m_h0, other=0.0)
+        h = tl.load(p_h0, mask=m_h0, other=0.0).to(tl.float32)
     for c in range(0, tl.cdiv(seqlen, BT).to(tl.int32)):
         row0 = (bos + c * BT) * H + i_h
         nrows = tl.minimum(seqlen - c * BT, BT).to(tl.int32)
@@ -489,7 +489,7 @@ def _states_dv_bwd(
         dh = tl.dot(tl.trans(b_q), b_do, dh * b_decay[:, None], input_precision=PREC)
     if STORE_DH0:
         p_dh0, m_dh0 = _state_tile(dh0, i_nh, K, V, 0, v0, BK, BV)
-        tl.store(p_dh0, dh, mask=m_dh0)
+        tl.store(p_dh0, dh.to(dh0.dtype.element_ty), mask=m_dh0)
 
 
 @triton.jit
@@ -818,12 +818,14 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
     return o, final_state, (A, q_in, k_out, decay, h_chunks)
 
 
-def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, need_dh0: bool, u=None):
+def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.dtype | None, u=None):
+    """``dh0_dtype``: the initial state's dtype, its gradient's; None when it is not wanted."""
+    need_dh0 = dh0_dtype is not None
     A, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
     dh_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device)
     dv = _utils.empty_like(v)
-    dh0 = _utils.empty((lay.N, H, K, V), torch.float32, q.device) if need_dh0 else None
+    dh0 = _utils.empty((lay.N, H, K, V), dh0_dtype, q.device) if need_dh0 else None
     cfg = lay.cfg["state"]
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
         q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
@@ -867,7 +869,8 @@ def _op_backward(grads, saved, q, k, v, g, u, initial_state, cu_seqlens, cu_seql
         do = torch.zeros_like(v)
     lay = _Layout(q, v, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
-    dq, dk, dv, dg, dh0, du = _backward(q, k, v, g, saved, scale, do, dht, lay, need_dh0, u)
+    dq, dk, dv, dg, dh0, du = _backward(q, k, v, g, saved, scale, do, dht, lay,
+                                        initial_state.dtype if need_dh0 else None, u)
     return dict(q=dq, k=dk, v=dv, g=dg, u=du, initial_state=dh0)
 
 

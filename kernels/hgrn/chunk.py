@@ -65,7 +65,7 @@ def _scan_chunk_maps(A, B, carry_in, init, final, i_n, slot0, n, cols, m_d, D, N
     stored by other programs: read past L1 (``.cg``), which may hold none of them."""
     carry = tl.zeros([BD], dtype=tl.float32)
     if USE_INIT:
-        carry += tl.load(init + i_n * D + cols, mask=m_d, other=0.0)
+        carry += tl.load(init + i_n * D + cols, mask=m_d, other=0.0).to(tl.float32)
     i = tl.arange(0, NC)
     for c0 in range(0, n, NC):
         c = c0 + i  # position in scan order
@@ -82,7 +82,7 @@ def _scan_chunk_maps(A, B, carry_in, init, final, i_n, slot0, n, cols, m_d, D, N
         tl.store(carry_in + rows + step * D, h, mask=mask & (c + 1 < n)[:, None])
         carry = last_row(h, NC)
     if STORE_FINAL:
-        tl.store(final + i_n * D + cols, carry, mask=m_d)
+        tl.store(final + i_n * D + cols, carry.to(final.dtype.element_ty), mask=m_d)
 
 
 @triton.jit
@@ -173,12 +173,13 @@ class _Layout:
         return dict(T=self.T, D=self.D, BT=BT, BD=c["BD"], IS_VARLEN=self.varlen, num_warps=c["num_warps"])
 
 
-def _scan_passes(xs, g, init, need_final, lay: _Layout, reverse: bool, counters):
-    """Pass 1 (module docstring): the state entering every chunk, and the final one.
-    ``counters``: zero (``_Layout.counters``), and left zero."""
+def _scan_passes(xs, g, init, final_dtype, lay: _Layout, reverse: bool, counters):
+    """Pass 1 (module docstring): the state entering every chunk, and the final one in
+    ``final_dtype`` (None: not wanted). ``counters``: zero (``_Layout.counters``), and left zero."""
+    need_final = final_dtype is not None
     # the maps A, B and the entering states in one allocation
     A, B, carry_in = _utils.empty((3, lay.slots, lay.D), torch.float32, g.device).unbind(0)
-    final = _utils.empty((lay.N, lay.D), torch.float32, g.device) if need_final else None
+    final = _utils.empty((lay.N, lay.D), final_dtype, g.device) if need_final else None
     if lay.n_chunks > 0:
         _summary[lay.chunk_grid()](xs, g, A, B, carry_in, init, final, counters, lay.cu_seqlens, lay.chunk_map,
                                    **lay.chunk_args(), NC=lay.cfg["carry"]["NC"], REVERSE=reverse,
@@ -197,7 +198,7 @@ def _sequences_without_chunks(final, init, lay: _Layout) -> None:
     elif lay.empty_sequences is not None:
         rows = lay.empty_sequences
         if init is not None:
-            final.index_copy_(0, rows, init.index_select(0, rows))
+            final.index_copy_(0, rows, init.index_select(0, rows).to(final.dtype))
         else:
             final.index_fill_(0, rows, 0.0)
 
@@ -210,7 +211,8 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
     x, g, initial_state = _utils.contiguous(x, g, initial_state)
     lay = _Layout(x, cu_seqlens, offsets)
     counters = lay.counters(x.device)
-    carry_in, final_state = _scan_passes(x, g, initial_state, output_final_state, lay, False, counters)
+    carry_in, final_state = _scan_passes(x, g, initial_state, torch.float32 if output_final_state else None, lay,
+                                         False, counters)
     o = _utils.empty_like(x)
     if lay.n_chunks > 0:
         _output_fwd[lay.chunk_grid()](x, g, o, carry_in, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
@@ -226,7 +228,7 @@ def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, out
     lay = _Layout(o, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     counters = saved[0] if saved else lay.counters(o.device)
-    carry_in, dh0 = _scan_passes(do, g, dht, need_dh0, lay, True, counters)
+    carry_in, dh0 = _scan_passes(do, g, dht, initial_state.dtype if need_dh0 else None, lay, True, counters)
     dx = _utils.empty(o.shape, x.dtype, o.device)
     dg = _utils.empty_like(g)
     if lay.n_chunks > 0:

@@ -42,7 +42,7 @@ def _fused_fwd(x, g, o, h0, ht, cu_seqlens, T, D, BT: tl.constexpr, BD: tl.const
     cols, m_d = channel_block(d0, D, BD)
     h = tl.zeros([BD], dtype=tl.float32)
     if USE_H0:
-        h += tl.load(h0 + i_n * D + cols, mask=m_d, other=0.0)
+        h += tl.load(h0 + i_n * D + cols, mask=m_d, other=0.0).to(tl.float32)
     for c in range(0, tl.cdiv(T_seq, BT)):
         n_rows = tl.minimum(T_seq - c * BT, BT)
         h = forward_chunk(x, g, o, bos + c * BT, n_rows, d0, D, h, BT, BD)
@@ -65,7 +65,7 @@ def _fused_bwd(g, o, h0, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT: tl.constexp
         carry = backward_chunk(g, o, h0, do, dx, dg, i_n, bos + c * BT, n_rows, c == 0, d0, D, carry,
                                USE_H0, BT, BD)
     if STORE_DH0:
-        tl.store(dh0 + i_n * D + cols, carry, mask=m_d)
+        tl.store(dh0 + i_n * D + cols, carry.to(dh0.dtype.element_ty), mask=m_d)
 
 
 def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Tensor],
@@ -97,7 +97,7 @@ def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, out
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     dx = _utils.empty(o.shape, x.dtype, o.device)
     dg = _utils.empty_like(g)
-    dh0 = _utils.empty((N, D), torch.float32, o.device) if need_dh0 else None
+    dh0 = _utils.empty((N, D), initial_state.dtype, o.device) if need_dh0 else None
     _fused_bwd[(N * _utils.cdiv(D, cfg["BD"]),)](
         g, o, initial_state, do, dht, dx, dg, dh0, cu_seqlens, T, D, BT=BT, BD=cfg["BD"],
         USE_H0=initial_state is not None, USE_DHT=dht is not None, STORE_DH0=need_dh0,

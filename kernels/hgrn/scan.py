@@ -121,7 +121,7 @@ def backward_chunk(g, o, h0, do, dx, dg, i_n, t0, n_rows, starts_sequence, d0, D
     at_start = tl.where(starts_sequence, i[:, None] == n_rows - 1, False)
     h_prev = tl.load(o + t0 * D + offs - D, mask=mask & ~at_start, other=0.0).to(tl.float32)
     if USE_H0:
-        b_h0 = tl.load(h0 + i_n * D + cols, mask=m_d, other=0.0)
+        b_h0 = tl.load(h0 + i_n * D + cols, mask=m_d, other=0.0).to(tl.float32)
         h_prev = tl.where(at_start, b_h0[None, :], h_prev)
     decay = tl.exp(b_g)
     tl.store(dg + t0 * D + offs, (dh * decay * h_prev).to(dg.dtype.element_ty), mask=mask)

@@ -192,7 +192,7 @@ def chunk_state_pass_kernel(
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_S0:
-        S += tl.load(s0 + i_nh * K * V + tile, mask=m_kv, other=0.0)
+        S += tl.load(s0 + i_nh * K * V + tile, mask=m_kv, other=0.0).to(tl.float32)
 
     NT = tl.cdiv(T_seq, BT)
     for i in range(NT):
@@ -224,7 +224,7 @@ def chunk_state_pass_kernel(
         else:
             S = tl.dot(xT, yb, S, input_precision=PRECISION)
     if STORE_S_END:
-        tl.store(s_end + i_nh * K * V + tile, S, mask=m_kv)
+        tl.store(s_end + i_nh * K * V + tile, S.to(s_end.dtype.element_ty), mask=m_kv)
 
 
 @triton.jit
@@ -489,7 +489,7 @@ def _backward(grads, saved, q, k, v, g, g_gamma, initial_state, cu_seqlens, cu_s
             q, k, v, g, g_gamma, None, do, dht, initial_state, cu_seqlens, scale, N, need_dg, need_dh0)
         return dict(q=dq, k=dk, v=dv, g=dg, initial_state=dh0)
     dstates = empty(states.shape, q.dtype, q.device)
-    dh0 = empty((N, H, K, V), torch.float32, q.device) if need_dh0 else None
+    dh0 = empty((N, H, K, V), initial_state.dtype, q.device) if need_dh0 else None
     _launch_state_pass(q, do, g, g_gamma, dstates, dht, dh0, cu_seqlens, scale, T, N, H, K, V, True, cfg)
 
     dq, dk, dv = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device), empty(v.shape, v.dtype, v.device)

@@ -16,7 +16,7 @@ import torch
 
 from ..inputs import Arg, make_factory
 from ..spec import Case, ErrorInput, OpSpec, Sample
-from .common import HUGE_GRID_DIMS, INT64_DIMS, shape_errors, varlen_errors, with_args
+from .common import HUGE_GRID_DIMS, INT64_DIMS, scale_errors, shape_errors, varlen_errors, with_args, zero_heads_errors
 
 ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -63,10 +63,11 @@ def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     yield ErrorInput("window_size_0", with_args(kwargs, window_size=0), ValueError, "`window_size`")
     yield ErrorInput("window_size_float", with_args(kwargs, window_size=2.5), TypeError, "`window_size`")
     yield ErrorInput("window_size_bool", with_args(kwargs, window_size=True), TypeError, "`window_size`")
-    yield ErrorInput("scale_nan", with_args(kwargs, scale=float("nan")), ValueError, "`scale`")
+    yield from scale_errors(kwargs)
     yield ErrorInput("scale_str", with_args(kwargs, scale="0.1"), TypeError, "`scale`")
     yield ErrorInput("scale_tensor", with_args(kwargs, scale=torch.tensor(0.1)), TypeError, "`scale`")
     yield ErrorInput("causal_none", with_args(kwargs, causal=None), TypeError, "`causal`")
+    yield from zero_heads_errors(spec, case, device, {"H": "q"})
     yield from varlen_errors(spec, case, device)
 
 

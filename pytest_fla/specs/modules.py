@@ -15,8 +15,8 @@ from typing import Iterable
 
 import torch
 
-from ..builders import huge_grid_dims, op_spec
-from ..error_inputs import dtype_errors, varlen_errors, with_args
+from ..builders import LOW_PRECISION_STATES, huge_grid_dims, op_spec
+from ..error_inputs import dtype_errors, state_dtype_errors, varlen_errors, with_args, zero_heads_errors
 from ..inputs import Arg, make_factory
 from ..spec import Case, ErrorInput, OpSpec, Sample
 
@@ -161,7 +161,7 @@ def _conv_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     yield ErrorInput("bias_shape", with_args(kwargs, bias=torch.zeros(D + 1, device=device)), ValueError, "`bias`.*shape")
     yield ErrorInput("activation_unknown", with_args(kwargs, activation="relu"), ValueError, "`activation`")
     yield ErrorInput("initial_state_width", with_args(kwargs, initial_state=state[..., :-1].contiguous()), ValueError, "`initial_state`.*shape")
-    yield ErrorInput("initial_state_bf16", with_args(kwargs, initial_state=state.bfloat16()), TypeError, "`initial_state`.*dtype")
+    yield from state_dtype_errors(spec, kwargs)
     yield ErrorInput("initial_state_channels_last", with_args(kwargs, initial_state=state.transpose(1, 2).contiguous()), ValueError, "`initial_state`")
     yield from varlen_errors(spec, case, device)
 
@@ -184,6 +184,7 @@ CAUSAL_CONV1D = op_spec(
     grads=("x", "weight", "bias", "initial_state"),
     errors=_conv_errors,
     outputs=("y", "final_state"),
+    state_dtypes=LOW_PRECISION_STATES,
     compile_cases=(
         Case("d4096_w4", {"B": 1, "T": 64, "D": 4096}, options={"bias": True, "activation": "silu", **CONV_STATE}),
         Case("d2048_w2", {"B": 1, "T": 64, "D": 2048, "W": 2}, options=CONV_STATE),
@@ -236,6 +237,7 @@ def _rotary_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
                      TypeError, "`seqlen_offset`.*dtype")
     yield ErrorInput("offset_float", with_args(kwargs, seqlen_offset=1.5), TypeError, "`seqlen_offset`")
     yield ErrorInput("head_dim_2048", {"x": torch.zeros(1, 1, 1, 2048, device=device), "dim": 64}, ValueError, "2048.*supported range")
+    yield from zero_heads_errors(spec, case, device, {"H": "x"})
     yield from varlen_errors(spec, case, device)
 
 
