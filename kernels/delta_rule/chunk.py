@@ -126,7 +126,10 @@ from ._chunk_common import CHUNK, choose_configs
 from .chunk_bwd import chunk_bwd
 from .chunk_fwd import chunk_fwd
 
-MAX_HEAD_DIM = 256
+# every kernel walks the value dim in blocks (the state passes one block per program), so
+# V is bounded by memory, not by tiles; the key dim is held whole by the state passes
+MAX_KEY_HEAD_DIM = 256
+MAX_VALUE_HEAD_DIM = 512
 
 
 # what the forward keeps for the backward, in the order the ops pass it
@@ -197,8 +200,8 @@ def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
     elif HV != H:
         raise ValueError(f"{op}: `v` must have H = {H} heads like q and k, got {HV}")
     V_.check_shape(op, "beta", beta, (B, T, HV), f"[B, T, {heads}]")
-    V_.check_range(op, "key head dim K", K, 1, MAX_HEAD_DIM)
-    V_.check_range(op, "value head dim V", Vd, 1, MAX_HEAD_DIM)
+    V_.check_range(op, "key head dim K", K, 1, MAX_KEY_HEAD_DIM)
+    V_.check_range(op, "value head dim V", Vd, 1, MAX_VALUE_HEAD_DIM)
 
     offsets = V_.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

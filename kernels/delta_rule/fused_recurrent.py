@@ -94,7 +94,10 @@ GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
 GATE_CHANNEL = 2  # one log decay per key channel (kda)
 
 L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (docs/ops.md)
-MAX_HEAD_DIM = 256
+# the key dim is one [BK] tile of every program; the value dim is split over programs
+# (BV <= 32), so a wider one only adds programs
+MAX_KEY_HEAD_DIM = 256
+MAX_VALUE_HEAD_DIM = 512
 
 
 # --------------------------------------------------------------------------- kernels
@@ -635,8 +638,8 @@ def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_
         _validate.check_shape(op, "g", g, (B, T, HV), "[B, T, HV]")
     elif gate == GATE_CHANNEL:
         _validate.check_shape(op, "g", g, (B, T, HV, K), "[B, T, HV, K]")
-    _validate.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_HEAD_DIM)
-    _validate.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_HEAD_DIM)
+    _validate.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_KEY_HEAD_DIM)
+    _validate.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_VALUE_HEAD_DIM)
 
     offsets = _validate.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
