@@ -106,6 +106,13 @@ The state passes hold the state as up to four [64, BV] pieces of key rows, so th
 product stages a [64, 64] operand tile rather than a [64, K] one (shared memory at K = 256
 on the 100 KB parts).
 
+The value dim is walked in blocks with masked edges: the state's value columns evolve
+independently, so each state-pass program owns one [K, BV] block of h (forward) or dh
+(backward), the output kernel one [BT, BV] block of o, and the chunk-gradient kernel
+loops over the value blocks, summing over them inside one program what sums over V (dq,
+dk, dbeta, dg, and the [BT, BT] matrices dT and dP). A wider V adds programs or loop
+steps, never a wider tile: V = 512 runs the blocks of V = 256.
+
 Grouped value heads (GVA): q, k have H heads, v, g, beta HV (``HV % H == 0``); value
 head j reads key head ``j // (HV // H)``. The state is [N, HV, K, V] and o [B, T, HV, V].
 """

@@ -13,7 +13,7 @@ every kernel is masked.
 
 from __future__ import annotations
 
-from .common import SM80_AND_NEWER, STATE, STATE_GVA, Arg, Case, linear_attention_spec
+from .common import DELTA_RULE_ERRORS, SM80_AND_NEWER, STATE, STATE_GVA, Arg, Case, linear_attention_spec
 
 DELTA_ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -70,9 +70,10 @@ KDA_CASES = (
     Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
     Case("wide_values", WIDE_V, options=WITH_STATE, gpu_dims={**GPU_WIDE_V, "K": 128}),
 )
-KDA_COMPILE = tuple(
-    Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
-    for d in (64, 128)
+KDA_COMPILE = (
+    *(Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
+      for d in (64, 128)),
+    Case("k128_v512", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": 128, "V": 512}, options={**WITH_STATE, **L2NORM}),
 )
 DELTA_CASES = (
     Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
@@ -91,16 +92,19 @@ DELTA_COMPILE = (Case("d128", {"B": 1, "T": 128, "H": 2, "K": 128, "V": 128}, op
 SPECS = [
     linear_attention_spec(
         "chunk_kda", "kda", KDA_ARGS, KDA_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=KDA_COMPILE,
         agrees_with="fused_recurrent_kda", min_arch=SM80_AND_NEWER,
     ),
     linear_attention_spec(
         "chunk_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "g", "beta", "initial_state"), chunk_size=64, compile_cases=COMPILE,
         agrees_with="fused_recurrent_gated_delta_rule", min_arch=SM80_AND_NEWER,
     ),
     linear_attention_spec(
         "chunk_delta_rule", "delta_rule", DELTA_ARGS, DELTA_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "beta", "initial_state"), chunk_size=64, compile_cases=DELTA_COMPILE,
         agrees_with="fused_recurrent_delta_rule", min_arch=SM80_AND_NEWER,
     ),

@@ -14,7 +14,7 @@ default; K = 256 on the GPU) over sixteen programs, the plain delta rule's CPU c
 
 from __future__ import annotations
 
-from .common import STATE, STATE_GVA, Arg, Case, linear_attention_spec
+from .common import DELTA_RULE_ERRORS, STATE, STATE_GVA, Arg, Case, linear_attention_spec
 
 QK = {
     "q": Arg(("B", "T", "H", "K")),
@@ -71,14 +71,17 @@ DELTA_COMPILE = tuple(Case(c.name, {**c.dims, "HV": 2}, options=WITH_STATE) for 
 SPECS = [
     linear_attention_spec(
         "fused_recurrent_delta_rule", "delta_rule", DELTA_ARGS, DELTA_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "beta", "initial_state"), compile_cases=DELTA_COMPILE,
     ),
     linear_attention_spec(
         "fused_recurrent_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "g", "beta", "initial_state"), compile_cases=COMPILE,
     ),
     linear_attention_spec(
         "fused_recurrent_kda", "kda", KDA_ARGS, KDA_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "g", "beta", "initial_state"), compile_cases=COMPILE,
     ),
 ]
