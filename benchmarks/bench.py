@@ -57,6 +57,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import host_timing  # noqa: E402  (beside this file)
 
 LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
+# the delta rules at GatedDeltaNet's default head dims (head_dim 256, expand_v 2): 6 heads
+# of K = 256 and V = 512, as the default layer (hidden 2048) runs them
+WIDE_V = dict(B=4, T=4096, H=6, K=256, V=512)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
@@ -100,9 +103,9 @@ def rand(*shape, dtype=torch.bfloat16):
     return torch.randn(shape, device=DEVICE, dtype=torch.float32).to(dtype)
 
 
-def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool = False, gva: int = 1):
+def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool = False, gva: int = 1, dims=LINEAR):
     def make():
-        B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+        B, T, H, K, V = dims["B"], dims["T"], dims["H"], dims["K"], dims["V"]
         HV = H * gva
         k = rand(B, T, H, K)
         if normalize_k:
@@ -152,16 +155,16 @@ def module_inputs(kind: str):
     return make
 
 
-def chunk_flops(delta: bool = False):
-    """FLOPs of the chunked algorithm at the LINEAR size, per (token, head): the intra-chunk
+def chunk_flops(delta: bool = False, dims=LINEAR):
+    """FLOPs of the chunked algorithm at the ``dims`` size, per (token, head): the intra-chunk
     scores and their product with v (2C(K+V)), the inter-chunk read of the state and its
     update (4KV); the delta rule adds the in-chunk system for w and u (2C(2K+V)) and the
     corrected values (2KV). The backward is taken as twice the forward (each product has
     two gradient products)."""
     def count():
-        K, V, C = LINEAR["K"], LINEAR["V"], CHUNK
+        K, V, C = dims["K"], dims["V"], CHUNK
         per = 2 * C * (K + V) + 4 * K * V + (2 * C * (2 * K + V) + 2 * K * V if delta else 0)
-        fwd = per * LINEAR["B"] * LINEAR["T"] * LINEAR["H"]
+        fwd = per * dims["B"] * dims["T"] * dims["H"]
         return fwd, 3 * fwd
 
     return count
@@ -342,11 +345,15 @@ BENCHES = [
     Bench("chunk_gla", "kernels.chunk_gla", "fla.ops.gla.chunk_gla", linear_inputs("channel"), ("q", "k", "v", "g"), flops=chunk_flops()),
     Bench("chunk_delta_rule", "kernels.chunk_delta_rule", "fla.ops.delta_rule.chunk_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta"), flops=chunk_flops(delta=True)),
     Bench("chunk_gated_delta_rule", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta"), flops=chunk_flops(delta=True)),
+    Bench("chunk_gated_delta_rule_v512", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True, dims=WIDE_V), ("q", "k", "v", "g", "beta"), flops=chunk_flops(delta=True, dims=WIDE_V),
+          notes=["K = 256, V = 512 (shapes: wide_v)"]),
     Bench("fused_recurrent_linear_attn", "kernels.fused_recurrent_linear_attn", "fla.ops.linear_attn.fused_recurrent_linear_attn", linear_inputs(), ("q", "k", "v"), peer_call=with_kwargs(normalize=False)),
     Bench("fused_recurrent_simple_gla", "kernels.fused_recurrent_simple_gla", "fla.ops.simple_gla.fused_recurrent_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g")),
     Bench("fused_recurrent_gla", "kernels.fused_recurrent_gla", "fla.ops.gla.fused_recurrent_gla", linear_inputs("channel"), ("q", "k", "v", "g"), peer_call=renamed(g="gk")),
     Bench("fused_recurrent_delta_rule", "kernels.fused_recurrent_delta_rule", "fla.ops.delta_rule.fused_recurrent_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta")),
     Bench("fused_recurrent_gated_delta_rule", "kernels.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta")),
+    Bench("fused_recurrent_gated_delta_rule_v512", "kernels.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True, dims=WIDE_V), ("q", "k", "v", "g", "beta"),
+          notes=["K = 256, V = 512 (shapes: wide_v)"]),
     Bench("rotary", "kernels.RotaryEmbedding", "fla.modules.RotaryEmbedding", module_inputs("rotary"), ("q", "k"), rotary_floor(), call_rotary, call_rotary, build_rotary, build_rotary),
     Bench("l2norm", "kernels.l2norm", "fla.modules.l2norm.l2norm", module_inputs("x"), ("x",)),
     Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("norm"), ("x", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
@@ -647,7 +654,7 @@ def write_report(device, rates, host, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
               "host": host,
-              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
                          "layer": {**LAYER, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
