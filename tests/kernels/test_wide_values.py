@@ -52,15 +52,16 @@ CPU_PACKING = "chunk_edges"
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("op,packing", _varlen_params())
-def test_varlen(op, packing):
-    _skip_unless_runs("fp32")
+def test_varlen(op, packing, dtype):
+    _skip_unless_runs(dtype)
     if numeric_device().type != "cuda" and packing.name != CPU_PACKING:
         pytest.skip(f"the interpreter runs the {CPU_PACKING} packing at V = 512; every packing runs at the "
                     "narrower dims of the conformance suite, and at V = 512 on a GPU")
     spec = SPECS[op]
-    checks.check_varlen(spec, spec.case(CASES[op]), packing, "fp32", numeric_device(),
-                        checks.seed_for("varlen", op, CASES[op], packing.name))
+    checks.check_varlen(spec, spec.case(CASES[op]), packing, dtype, numeric_device(),
+                        checks.seed_for("varlen", op, CASES[op], dtype, packing.name))
 
 
 @pytest.mark.parametrize("op", _op_params())
