@@ -33,4 +33,4 @@ def _value_dim_past_range(spec, device):
 # a delta rule's error inputs: every recurrent op's, and a value dim one past its range
 DELTA_RULE_ERRORS = chain_errors(linear_attention_errors(), _value_dim_past_range)
 
-__all__ = [*api.__all__, "STATE", "STATE_GVA", "SM80_AND_NEWER", "MAX_DELTA_VALUE_DIM", "DELTA_RULE_ERRORS"]
+__all__ = [*api.__all__, "STATE", "STATE_GVA", "SM80_AND_NEWER", "DELTA_RULE_ERRORS"]
