@@ -57,6 +57,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import host_timing  # noqa: E402  (beside this file)
 
 LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
+# the delta rules at GatedDeltaNet's default head dims (head_dim 256, expand_v 2): 6 heads
+# of K = 256 and V = 512, as the default layer (hidden 2048) runs them
+WIDE_V = dict(B=4, T=4096, H=6, K=256, V=512)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
@@ -100,9 +103,9 @@ def rand(*shape, dtype=torch.bfloat16):
     return torch.randn(shape, device=DEVICE, dtype=torch.float32).to(dtype)
 
 
-def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool = False, gva: int = 1):
+def linear_inputs(gate: str | None = None, beta: bool = False, normalize_k: bool = False, gva: int = 1, dims=LINEAR):
     def make():
-        B, T, H, K, V = LINEAR["B"], LINEAR["T"], LINEAR["H"], LINEAR["K"], LINEAR["V"]
+        B, T, H, K, V = dims["B"], dims["T"], dims["H"], dims["K"], dims["V"]
         HV = H * gva
         k = rand(B, T, H, K)
         if normalize_k:
@@ -152,16 +155,16 @@ def module_inputs(kind: str):
     return make
 
 
-def chunk_flops(delta: bool = False):
-    """FLOPs of the chunked algorithm at the LINEAR size, per (token, head): the intra-chunk
+def chunk_flops(delta: bool = False, dims=LINEAR):
+    """FLOPs of the chunked algorithm at the ``dims`` size, per (token, head): the intra-chunk
     scores and their product with v (2C(K+V)), the inter-chunk read of the state and its
     update (4KV); the delta rule adds the in-chunk system for w and u (2C(2K+V)) and the
     corrected values (2KV). The backward is taken as twice the forward (each product has
     two gradient products)."""
     def count():
-        K, V, C = LINEAR["K"], LINEAR["V"], CHUNK
+        K, V, C = dims["K"], dims["V"], CHUNK
         per = 2 * C * (K + V) + 4 * K * V + (2 * C * (2 * K + V) + 2 * K * V if delta else 0)
-        fwd = per * LINEAR["B"] * LINEAR["T"] * LINEAR["H"]
+        fwd = per * dims["B"] * dims["T"] * dims["H"]
         return fwd, 3 * fwd
 
     return count
@@ -280,6 +283,8 @@ def call_sdpa_flash(fn, kwargs):
 # GatedDeltaNet layer: hidden 2048, 16 heads of 128 (value heads of 128), B=4, T=4096
 LAYER = dict(hidden_size=2048, head_dim=128, num_heads=16, expand_v=1.0, conv_size=4, use_gate=True,
              mode="chunk", norm_eps=1e-5)
+# the layer's defaults: 6 heads of 256, value heads of 512 (expand_v 2)
+LAYER_DEFAULTS = {**LAYER, "head_dim": 256, "num_heads": 6, "expand_v": 2.0}
 LAYER_SHAPE = dict(B=4, T=4096)
 
 
@@ -287,11 +292,11 @@ def layer_inputs():
     return dict(x=rand(LAYER_SHAPE["B"], LAYER_SHAPE["T"], LAYER["hidden_size"]))
 
 
-def build_layer(cls):
-    """The layer at the sizes of LAYER (the arguments its constructor accepts), in bf16,
-    built once outside the timing."""
+def build_layer(cls, config=LAYER):
+    """The layer at the sizes of ``config`` (the arguments its constructor accepts), in
+    bf16, built once outside the timing."""
     accepted = inspect.signature(cls.__init__).parameters
-    return cls(**{k: v for k, v in LAYER.items() if k in accepted}).to(DEVICE, torch.bfloat16)
+    return cls(**{k: v for k, v in config.items() if k in accepted}).to(DEVICE, torch.bfloat16)
 
 
 def call_layer(layer, kwargs):
@@ -303,35 +308,38 @@ class FlaCoreGatedDeltaNet(torch.nn.Module):
     gated RMS norm and chunk_gated_delta_rule), for a peer side where the package that
     ships ``fla.layers`` is not installed: the same steps and sizes as ours."""
 
-    def __init__(self, rule):
+    def __init__(self, rule, config=LAYER):
         super().__init__()
         from fla.modules import FusedRMSNormGated, ShortConvolution
 
-        C, H, D = LAYER["hidden_size"], LAYER["num_heads"], LAYER["head_dim"]
-        self.rule, self.H, self.D = rule, H, D
+        C, H, D = config["hidden_size"], config["num_heads"], config["head_dim"]
+        DV = int(D * config["expand_v"])
+        self.rule, self.H, self.D, self.DV = rule, H, D, DV
         linear = lambda i, o: torch.nn.Linear(i, o, bias=False)  # noqa: E731
-        self.q_proj, self.k_proj, self.v_proj, self.g_proj = (linear(C, H * D) for _ in range(4))
+        self.q_proj, self.k_proj = linear(C, H * D), linear(C, H * D)
+        self.v_proj, self.g_proj = linear(C, H * DV), linear(C, H * DV)
         self.a_proj, self.b_proj = linear(C, H), linear(C, H)
-        self.o_proj = linear(H * D, C)
+        self.o_proj = linear(H * DV, C)
         self.A_log = torch.nn.Parameter(torch.empty(H).uniform_(1, 16).log())
         self.dt_bias = torch.nn.Parameter(torch.rand(H) * 0.1)
-        self.q_conv, self.k_conv, self.v_conv = (ShortConvolution(H * D, LAYER["conv_size"], activation="silu")
-                                                 for _ in range(3))
-        self.o_norm = FusedRMSNormGated(D, eps=LAYER["norm_eps"])
+        self.q_conv, self.k_conv, self.v_conv = (ShortConvolution(n, config["conv_size"], activation="silu")
+                                                 for n in (H * D, H * D, H * DV))
+        self.o_norm = FusedRMSNormGated(DV, eps=config["norm_eps"])
 
     def forward(self, x):
         B, T, _ = x.shape
-        q, k, v = (conv(proj(x))[0].view(B, T, self.H, self.D)
-                   for conv, proj in ((self.q_conv, self.q_proj), (self.k_conv, self.k_proj), (self.v_conv, self.v_proj)))
+        q, k, v = (conv(proj(x))[0].view(B, T, self.H, dim)
+                   for conv, proj, dim in ((self.q_conv, self.q_proj, self.D), (self.k_conv, self.k_proj, self.D),
+                                           (self.v_conv, self.v_proj, self.DV)))
         beta = self.b_proj(x).sigmoid()
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
         o, _ = self.rule(q=q, k=k, v=v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
-        o = self.o_norm(o, self.g_proj(x).view(B, T, self.H, self.D))
+        o = self.o_norm(o, self.g_proj(x).view(B, T, self.H, self.DV))
         return self.o_proj(o.reshape(B, T, -1))
 
 
-def build_core_layer(rule):
-    return FlaCoreGatedDeltaNet(rule).to(DEVICE, torch.bfloat16)
+def build_core_layer(rule, config=LAYER):
+    return FlaCoreGatedDeltaNet(rule, config).to(DEVICE, torch.bfloat16)
 
 
 D = MODULE["D"]
@@ -342,11 +350,15 @@ BENCHES = [
     Bench("chunk_gla", "kernels.chunk_gla", "fla.ops.gla.chunk_gla", linear_inputs("channel"), ("q", "k", "v", "g"), flops=chunk_flops()),
     Bench("chunk_delta_rule", "kernels.chunk_delta_rule", "fla.ops.delta_rule.chunk_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta"), flops=chunk_flops(delta=True)),
     Bench("chunk_gated_delta_rule", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta"), flops=chunk_flops(delta=True)),
+    Bench("chunk_gated_delta_rule_v512", "kernels.chunk_gated_delta_rule", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True, dims=WIDE_V), ("q", "k", "v", "g", "beta"), flops=chunk_flops(delta=True, dims=WIDE_V),
+          notes=["K = 256, V = 512 (shapes: wide_v)"]),
     Bench("fused_recurrent_linear_attn", "kernels.fused_recurrent_linear_attn", "fla.ops.linear_attn.fused_recurrent_linear_attn", linear_inputs(), ("q", "k", "v"), peer_call=with_kwargs(normalize=False)),
     Bench("fused_recurrent_simple_gla", "kernels.fused_recurrent_simple_gla", "fla.ops.simple_gla.fused_recurrent_simple_gla", linear_inputs("scalar"), ("q", "k", "v", "g")),
     Bench("fused_recurrent_gla", "kernels.fused_recurrent_gla", "fla.ops.gla.fused_recurrent_gla", linear_inputs("channel"), ("q", "k", "v", "g"), peer_call=renamed(g="gk")),
     Bench("fused_recurrent_delta_rule", "kernels.fused_recurrent_delta_rule", "fla.ops.delta_rule.fused_recurrent_delta_rule", linear_inputs(beta=True, normalize_k=True), ("q", "k", "v", "beta")),
     Bench("fused_recurrent_gated_delta_rule", "kernels.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True), ("q", "k", "v", "g", "beta")),
+    Bench("fused_recurrent_gated_delta_rule_v512", "kernels.fused_recurrent_gated_delta_rule", "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule", linear_inputs("scalar", beta=True, normalize_k=True, dims=WIDE_V), ("q", "k", "v", "g", "beta"),
+          notes=["K = 256, V = 512 (shapes: wide_v)"]),
     Bench("rotary", "kernels.RotaryEmbedding", "fla.modules.RotaryEmbedding", module_inputs("rotary"), ("q", "k"), rotary_floor(), call_rotary, call_rotary, build_rotary, build_rotary),
     Bench("l2norm", "kernels.l2norm", "fla.modules.l2norm.l2norm", module_inputs("x"), ("x",)),
     Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("norm"), ("x", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
@@ -365,6 +377,11 @@ BENCHES = [
     Bench("gated_deltanet_layer_core", "kernels.layers.GatedDeltaNet", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", layer_inputs, ("x",),
           call=call_layer, peer_call=call_layer, build=build_layer, peer_build=build_core_layer,
           notes=["peer: the layer composed from fla-core's ShortConvolution, FusedRMSNormGated, chunk_gated_delta_rule"]),
+    Bench("gated_deltanet_layer_defaults_core", "kernels.layers.GatedDeltaNet", "fla.ops.gated_delta_rule.chunk_gated_delta_rule", layer_inputs, ("x",),
+          call=call_layer, peer_call=call_layer, build=functools.partial(build_layer, config=LAYER_DEFAULTS),
+          peer_build=functools.partial(build_core_layer, config=LAYER_DEFAULTS),
+          notes=["the layer's default head dims: 6 heads of 256, value heads of 512 (shapes: layer_defaults)",
+                 "peer: the layer composed from fla-core's ShortConvolution, FusedRMSNormGated, chunk_gated_delta_rule"]),
     Bench("chunk_rwkv7", "kernels.chunk_rwkv7", "fla.ops.rwkv7.chunk_rwkv7", dplr_inputs(("r", "w")), ("r", "w", "k", "v", "a", "b")),
     Bench("chunk_dplr_delta_rule", "kernels.chunk_dplr_delta_rule", "fla.ops.generalized_delta_rule.chunk_dplr_delta_rule", dplr_inputs(), ("q", "k", "v", "a", "b", "gk")),
     Bench("fused_recurrent_rwkv7", "kernels.fused_recurrent_rwkv7", "fla.ops.rwkv7.fused_recurrent_rwkv7", dplr_inputs(("r", "w")), ("r", "w", "k", "v", "a", "b")),
@@ -647,8 +664,8 @@ def write_report(device, rates, host, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
               "host": host,
-              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
-                         "layer": {**LAYER, **LAYER_SHAPE}},
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
+                         "layer": {**LAYER, **LAYER_SHAPE}, "layer_defaults": {**LAYER_DEFAULTS, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)
     if out_path:

@@ -106,6 +106,13 @@ The state passes hold the state as up to four [64, BV] pieces of key rows, so th
 product stages a [64, 64] operand tile rather than a [64, K] one (shared memory at K = 256
 on the 100 KB parts).
 
+The value dim is walked in blocks with masked edges: the state's value columns evolve
+independently, so each state-pass program owns one [K, BV] block of h (forward) or dh
+(backward), the output kernel one [BT, BV] block of o, and the chunk-gradient kernel
+loops over the value blocks, summing over them inside one program what sums over V (dq,
+dk, dbeta, dg, and the [BT, BT] matrices dT and dP). A wider V adds programs or loop
+steps, never a wider tile: V = 512 runs the blocks of V = 256.
+
 Grouped value heads (GVA): q, k have H heads, v, g, beta HV (``HV % H == 0``); value
 head j reads key head ``j // (HV // H)``. The state is [N, HV, K, V] and o [B, T, HV, V].
 """
@@ -125,7 +132,10 @@ from ._chunk_common import CHUNK, choose_configs
 from .chunk_bwd import chunk_bwd
 from .chunk_fwd import chunk_fwd
 
-MAX_HEAD_DIM = 256
+# every kernel walks the value dim in blocks (the state passes one block per program), so
+# V is bounded by memory, not by tiles; the key dim is held whole by the state passes
+MAX_KEY_HEAD_DIM = 256
+MAX_VALUE_HEAD_DIM = 512
 
 
 # what the forward keeps for the backward, in the order the ops pass it
@@ -197,8 +207,8 @@ def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
     elif HV != H:
         raise ValueError(f"{op}: `v` must have H = {H} heads like q and k, got {HV}")
     V_.check_shape(op, "beta", beta, (B, T, HV), f"[B, T, {heads}]")
-    V_.check_range(op, "key head dim K", K, 1, MAX_HEAD_DIM)
-    V_.check_range(op, "value head dim V", Vd, 1, MAX_HEAD_DIM)
+    V_.check_range(op, "key head dim K", K, 1, MAX_KEY_HEAD_DIM)
+    V_.check_range(op, "value head dim V", Vd, 1, MAX_VALUE_HEAD_DIM)
 
     offsets = V_.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -294,7 +294,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     [B, T, HV]; HV % H == 0, value head j reads key head j // (HV // H). initial_state
     [N, HV, K, V] float32. ``cu_seqlens`` (with ``cu_seqlens_cpu`` to skip the host copy)
     packs N sequences into B = 1. ``use_qk_l2norm_in_kernel`` L2-normalises q and k first.
-    Returns (o [B, T, HV, V], final state [N, HV, K, V] float32 or None). K, V <= 256.
+    Returns (o [B, T, HV, V], final state [N, HV, K, V] float32 or None). K <= 256, V <= 512.
     """
     offsets = _validate_inputs(OP, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                                use_qk_l2norm_in_kernel, GATE_CHANNEL)

@@ -93,7 +93,7 @@ GATE_HEAD = 1  # one scalar log decay per value head and step (gated delta rule)
 GATE_CHANNEL = 2  # one log decay per key channel (kda)
 
 L2NORM_EPS = tl.constexpr(1e-6)  # y = x / sqrt(Σx² + eps) (docs/ops.md)
-MAX_HEAD_DIM = 256
+MAX_KEY_HEAD_DIM, MAX_VALUE_HEAD_DIM = 256, 512  # K is one tile of a program; V splits over programs
 
 
 # --------------------------------------------------------------------------- kernels
@@ -451,8 +451,9 @@ def forward_config(K: int, V: int, max_len: int, n_heads: int) -> tuple[int, int
     H200 at K = V = 128: T = 64, 256 heads: BV 16 beats 8 and 32; T = 4096, 64 heads: BV 8
     beats 16 by 10%.
 
-    Registers (cubin, sm80..sm90): at most 254 per thread, no spills, for every K, V <= 256
-    (the worst case is K = 256, BV = 8, one warp, per-channel gate); the 255-register cap
+    Registers (cubin, sm80..sm90): at most 254 per thread, no spills, for every K <= 256
+    (the worst case is K = 256, BV = 8, one warp, per-channel gate; V sets the number of
+    programs, never the tile, so V = 512 takes the tiles of V = 256); the 255-register cap
     and 64K-register file are the same on every target, so only the fill threshold
     depends on the arch.
     """
@@ -631,8 +632,8 @@ def _validate_inputs(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_
         _validate.check_shape(op, "g", g, (B, T, HV), "[B, T, HV]")
     elif gate == GATE_CHANNEL:
         _validate.check_shape(op, "g", g, (B, T, HV, K), "[B, T, HV, K]")
-    _validate.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_HEAD_DIM)
-    _validate.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_HEAD_DIM)
+    _validate.check_range(op, "the key head dim K (q.shape[-1])", K, 1, MAX_KEY_HEAD_DIM)
+    _validate.check_range(op, "the value head dim V (v.shape[-1])", V, 1, MAX_VALUE_HEAD_DIM)
 
     offsets = _validate.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

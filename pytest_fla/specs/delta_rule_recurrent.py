@@ -7,12 +7,14 @@ ends inside a chunk; the varlen packings (built around 16) put sequences at, jus
 and just after a boundary. Gated ops run with grouped value heads (HV = 2 H). CPU sizes
 are small because the interpreter runs every program of every check in turn; the
 focused tests (tests/kernels/test_fused_recurrent_delta_pieces.py) split the value axis
-over several programs.
+over several programs. The ``wide_values`` cases split a value head of 512 (GatedDeltaNet's
+default; K = 256 on the GPU) over sixteen programs, the plain delta rule's CPU case one of
+392 over thirteen, the last one masked.
 """
 
 from __future__ import annotations
 
-from .common import STATE, STATE_GVA, Arg, Case, linear_attention_spec
+from .common import DELTA_RULE_ERRORS, STATE, STATE_GVA, Arg, Case, linear_attention_spec
 
 QK = {
     "q": Arg(("B", "T", "H", "K")),
@@ -38,39 +40,48 @@ GPU_GVA = {**GPU, "HV": 8}
 WITH_STATE = {"initial_state": True, "output_final_state": True}
 L2NORM = {"use_qk_l2norm_in_kernel": True}
 LARGE = {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}
+WIDE_V = {**SMALL, "B": 1, "H": 1, "V": 512}
+GPU_WIDE_V = {**GPU_GVA, "K": 256, "V": 512}
 
 DELTA_CASES = (
     Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
     Case("l2norm", {**SMALL, "V": 16}, options=L2NORM, gpu_dims={**GPU, "K": 256, "V": 256}),
+    Case("wide_values", {**WIDE_V, "V": 392}, options=WITH_STATE, gpu_dims={**GPU, "K": 256, "V": 512}),
 )
 GATED_CASES = (
     Case("gva_state", GVA, options=WITH_STATE, gpu_dims=GPU_GVA),
     Case("strong_decay_l2norm", GVA_HEADS, dist="strong_decay", options={**WITH_STATE, **L2NORM},
          gpu_dims={**GPU_GVA, "K": 256, "V": 256}),
     Case("realistic_large", SMALL, gpu_dims=LARGE, checks=("forward",)),
+    Case("wide_values", WIDE_V, options={**WITH_STATE, **L2NORM}, gpu_dims=GPU_WIDE_V),
 )
 KDA_CASES = (
     Case("gva_state", GVA, options=WITH_STATE, gpu_dims=GPU_GVA),
     Case("strong_decay_l2norm", GVA_HEADS, dist="strong_decay", options={**WITH_STATE, **L2NORM},
          gpu_dims={**GPU_GVA, "K": 64, "V": 64}),
+    Case("wide_values", WIDE_V, options=WITH_STATE, gpu_dims={**GPU_WIDE_V, "K": 128}),
 )
-COMPILE = tuple(
-    Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
-    for d in (128, 256)
+COMPILE = (
+    *(Case(f"d{d}", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": d, "V": d}, options={**WITH_STATE, **L2NORM})
+      for d in (128, 256)),
+    Case("k256_v512", {"B": 1, "T": 128, "H": 2, "HV": 4, "K": 256, "V": 512}, options={**WITH_STATE, **L2NORM}),
 )
 DELTA_COMPILE = tuple(Case(c.name, {**c.dims, "HV": 2}, options=WITH_STATE) for c in COMPILE)
 
 SPECS = [
     linear_attention_spec(
         "fused_recurrent_delta_rule", "delta_rule", DELTA_ARGS, DELTA_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "beta", "initial_state"), compile_cases=DELTA_COMPILE,
     ),
     linear_attention_spec(
         "fused_recurrent_gated_delta_rule", "gated_delta_rule", GATED_ARGS, GATED_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "g", "beta", "initial_state"), compile_cases=COMPILE,
     ),
     linear_attention_spec(
         "fused_recurrent_kda", "kda", KDA_ARGS, KDA_CASES,
+        errors=DELTA_RULE_ERRORS,
         grads=("q", "k", "v", "g", "beta", "initial_state"), compile_cases=COMPILE,
     ),
 ]

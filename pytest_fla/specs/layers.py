@@ -86,6 +86,7 @@ def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
 
 SMALL = {"B": 2, "T": 80, "C": 32, "H": 1, "HV": 2, "K": 16, "V": 24}
 GPU = {"B": 2, "T": 2048, "C": 1024, "H": 4, "HV": 8, "K": 128, "V": 128}
+DEFAULT_HEAD_DIMS = {"B": 1, "T": 70, "C": 256, "H": 1, "K": 256, "V": 512}
 
 GATED_DELTA_NET = OpSpec(
     name="gated_delta_net",
@@ -100,6 +101,13 @@ GATED_DELTA_NET = OpSpec(
         Case("fused_recurrent_short", {"B": 2, "T": 20, "C": 24, "H": 2, "K": 16, "V": 16},
              options={"mode": "fused_recurrent"},
              gpu_dims={"B": 8, "T": 64, "C": 1024, "H": 8, "K": 128, "V": 128}),
+        # the module's default head dims (head_dim 256, expand_v 2: value heads of 512), as
+        # GatedDeltaNet(256, num_heads=1) and, on the GPU, GatedDeltaNet(1024, num_heads=4)
+        Case("default_head_dims", DEFAULT_HEAD_DIMS, options={"g_weight": True},
+             gpu_dims={**DEFAULT_HEAD_DIMS, "B": 2, "T": 2048, "C": 1024, "H": 4}),
+        Case("default_head_dims_fused_recurrent", {**DEFAULT_HEAD_DIMS, "T": 12},
+             options={"g_weight": True, "mode": "fused_recurrent"},
+             gpu_dims={**DEFAULT_HEAD_DIMS, "B": 8, "T": 64, "C": 1024, "H": 4}),
     ),
     grads=tuple(name for name in ARGS),
     errors=_errors,
@@ -107,6 +115,7 @@ GATED_DELTA_NET = OpSpec(
     chunk_size=64,
     compile_cases=(
         Case("d128", {"B": 1, "T": 128, "C": 512, "H": 2, "HV": 4, "K": 128, "V": 128}, options={"g_weight": True}),
+        Case("default_head_dims", {**DEFAULT_HEAD_DIMS, "T": 128}, options={"g_weight": True}),
     ),
     min_arch=(80, "chunk_gated_delta_rule's [64, K] tiles exceed sm75's 64 KB of shared memory"),
     # the reported layer: hidden 128, 6 heads of 16, value heads of 32 (B * H = 65538)

@@ -53,14 +53,26 @@ def _reference(layer, x, activation_dtype=None):
     return y, params
 
 
+# (module arguments, batch, T at inference): at inference T <= 64 takes the fused-recurrent
+# kernel, in training T = 70 the chunked one over a ragged second chunk
+SIZES = {
+    "grouped": (dict(hidden_size=32, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5), 2, 40),
+    # the module's default head_dim (256) and expand_v (2.0): value heads of 512; fewer
+    # tokens, as the interpreter steps the one-pass kernel's 64 programs token by token
+    "default_head_dims": (dict(hidden_size=256, num_heads=1), 1, 12),
+}
+
+
+@pytest.mark.parametrize("sizes", list(SIZES))
 @pytest.mark.parametrize("training", [True, False], ids=["chunk", "eval_short_fused_recurrent"])
-def test_module_matches_reference(dtype, training):
-    layer = _layer(dtype, hidden_size=32, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5)
+def test_module_matches_reference(dtype, training, sizes):
+    arguments, batch, short = SIZES[sizes]
+    layer = _layer(dtype, **arguments)
     layer.train(training)
     device = numeric_device()
     gen = torch.Generator().manual_seed(1)
-    T = 70 if training else 40  # at inference T <= 64 takes the fused-recurrent kernel
-    x = torch.randn(2, T, 32, generator=gen).to(device, DTYPES[dtype]).requires_grad_(True)
+    T = 70 if training else short
+    x = torch.randn(batch, T, layer.hidden_size, generator=gen).to(device, DTYPES[dtype]).requires_grad_(True)
     y = layer(x)
     x64 = x.detach().double().requires_grad_(True)
     y_ref, params = _reference(layer, x64, None if dtype == "fp32" else DTYPES[dtype])
