@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, str]) -> int:
     first = workspaces[0]
     tests = conformance_modules(first.path, first.files)
-    reached = discover(first, tests, args.device, args.fla_ops)
+    reached = discover(workspaces, tests, args.device, args.fla_ops)
     wanted = set(args.mutant)
     selected: dict[str, list[Mutant]] = {}
     reserves: dict[str, deque] = {}  # the next mutants of each op, to replace invalid ones
@@ -119,6 +119,8 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         workspace = free.get()
         try:
             outcome = workspace.run_checks(op, tests, mutant, args.device, timeout)
+            if outcome.status == "timeout":  # a slow moment of a shared machine is not a kill: once more, twice as long
+                outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout)
         finally:
             free.put(workspace)
         reason = equivalent.get(mutant.id)
@@ -126,7 +128,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         note = "equivalent: " + reason if entry["outcome"] == "equivalent" else (
             "listed as equivalent: a stale entry" if entry.get("stale_equivalence_entry") else "")
         with lock:
-            print(report.line(op, mutant, outcome, note), flush=True)
+            print(report.line(op, mutant, outcome, note, entry["outcome"]), flush=True)
             if outcome.status == "invalid" and reserves[op]:
                 futures.append(pool.submit(run_mutant, op, reserves[op].popleft(), timeout))
         record(op, entry)
@@ -173,8 +175,21 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
     return 1 if failed_baseline else 0
 
 
-def discover(workspace: Workspace, tests: list[str], device: str, ops: str) -> dict:
-    """``{op: {path: [reached jit lines]}}`` from a collect-only child run."""
+def discover(workspaces: list[Workspace], tests: list[str], device: str, ops: str) -> dict:
+    """``{op: {path: [reached jit lines]}}``, from collect-only child runs: the named ops
+    split over the workspaces (every op in one run where none is named)."""
+    names = [op for op in ops.split(",") if op]
+    groups = [",".join(names[i::len(workspaces)]) for i in range(min(len(workspaces), len(names)))] or [""]
+    with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        parts = list(pool.map(_discover, workspaces[:len(groups)], [tests] * len(groups), [device] * len(groups), groups))
+    found = {}
+    for part in parts:
+        found.update(part)
+    # the order the ops were named in, the specs' order otherwise
+    return {op: found[op] for op in names} if names else found
+
+
+def _discover(workspace: Workspace, tests: list[str], device: str, ops: str) -> dict:
     out = workspace.path / "sites.json"
     env = {"FLA_MUTATION_SITES": str(out), "FLA_MUTATION_OPS": ops, "FLA_MUTATION_DEVICE": device,
            "FLA_MUTATION_ROOT": str(workspace.path)}

@@ -16,8 +16,9 @@ from .sites import Mutant
 COLUMNS = ("killed", "timeout", "survived", "equivalent", "invalid", "error")
 
 
-def line(op: str, mutant: Mutant, outcome: Outcome, note: str = "") -> str:
-    status = outcome.status.upper()
+def line(op: str, mutant: Mutant, outcome: Outcome, note: str = "", status: str | None = None) -> str:
+    """One mutant's line; ``status`` overrides the outcome's (``equivalent``)."""
+    status = (status or outcome.status).upper()
     what = f"{op}: {status:<10} {mutant.describe()}"
     if outcome.status == "killed":
         what += f"  by {outcome.killed_by}"
