@@ -49,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a mutant may run (default: 3 x the op's baseline + 60)")
     parser.add_argument("--equivalent", type=Path, default=None,
                         help=f"the kept list of equivalent mutants (default <root>/{plan.DEFAULT_EQUIVALENT})")
-    parser.add_argument("--json", type=Path, default=None, help="write every mutant's outcome here (rewritten as it goes)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write every mutant's outcome here, as it goes; the other ops of an earlier run's file stay")
     parser.add_argument("--list", action="store_true", help="list the selected mutants and run nothing")
 
 
@@ -97,13 +98,15 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
                 print(f"  {mutant.id}")
         return 0
 
-    document = {
+    this_run = {
         "command": "python -m pytest_fla " + " ".join(shlex.quote(a) for a in args.argv),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": _machine(args.device), "versions": _versions(),
         "device": args.device, "seed": args.seed, "max_per_op": None if args.all else args.max_per_op,
-        "ops": {},
+        "ops": list(selected),
     }
+    document = _continued(args.json, selected)
+    document["runs"].append(this_run)
     lock = threading.Lock()
     free: queue.Queue = queue.Queue()
     for workspace in workspaces:
@@ -168,11 +171,30 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
     if args.json:
         report.write_json(args.json, document)
     print()
-    print(report.table(document["ops"]))
-    stale = [m["id"] for data in document["ops"].values() for m in data["mutants"] if m.get("stale_equivalence_entry")]
+    ran = {op: data for op, data in document["ops"].items() if op in selected}
+    print(report.table(ran))
+    if len(ran) < len(document["ops"]):
+        print(f"\nwith the ops of the earlier runs in {args.json}:")
+        print(report.table(document["ops"]))
+    stale = [m["id"] for data in ran.values() for m in data["mutants"] if m.get("stale_equivalence_entry")]
     for mutant_id in stale:
         print(f"stale equivalence entry (the mutant was killed): {mutant_id}")
     return 1 if failed_baseline else 0
+
+
+def _continued(path: Path | None, ops) -> dict:
+    """The JSON document to write: the one at ``path`` with ``ops`` taken out (a run split
+    over several commands, a group of ops each, ends in one file), or a new one."""
+    document = {"runs": [], "ops": {}}
+    if path is not None and path.exists():
+        try:
+            earlier = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            earlier = {}
+        if isinstance(earlier.get("runs"), list) and isinstance(earlier.get("ops"), dict):
+            document = {"runs": earlier["runs"],
+                        "ops": {op: data for op, data in earlier["ops"].items() if op not in ops}}
+    return document
 
 
 def discover(workspaces: list[Workspace], tests: list[str], device: str, ops: str) -> dict:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -101,8 +102,11 @@ def edits(fn: ast.FunctionDef, source: SourceMap) -> list[Edit]:
     for statement in body:
         for node in ast.walk(statement):
             found.extend(_node_edits(node, source))
-    valid = [e for e in found if _parses(source.text, e)]
-    return sorted(set(valid), key=lambda e: (e.start, e.end, e.operator, e.replacement))
+    # the rest of the file is unchanged, so the function's own text decides whether it parses
+    start = source.offset(fn.lineno, 0)
+    end = source.offset(fn.end_lineno, fn.end_col_offset)
+    valid = [e for e in set(found) if _parses(source.text, start, end, e)]
+    return sorted(valid, key=lambda e: (e.start, e.end, e.operator, e.replacement))
 
 
 def _has_docstring(fn: ast.FunctionDef) -> bool:
@@ -110,9 +114,10 @@ def _has_docstring(fn: ast.FunctionDef) -> bool:
     return isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
 
 
-def _parses(text: str, edit: Edit) -> bool:
+def _parses(text: str, start: int, end: int, edit: Edit) -> bool:
+    """Whether ``text[start:end]`` (a function, from its ``def`` line) parses with ``edit``."""
     try:
-        ast.parse(text[:edit.start] + edit.replacement + text[edit.end:])
+        ast.parse(textwrap.dedent(text[start:edit.start] + edit.replacement + text[edit.end:end]))
     except SyntaxError:
         return False
     return True

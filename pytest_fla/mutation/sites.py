@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -64,23 +65,31 @@ def mutants_of(root: Path, reached: dict[str, set[int]]) -> list[Mutant]:
     limited to the nodes on reached lines, in file and source order."""
     found = []
     for path in sorted(reached):
-        text = (root / path).read_text()
-        source = SourceMap(text)
         lines = reached[path]
-        for fn in sorted(jit_functions(ast.parse(text)), key=lambda f: f.lineno):
-            seen: dict[tuple, int] = defaultdict(int)
-            for edit in edits(fn, source):
-                key = (edit.operator, " ".join(edit.original.split()), " ".join(edit.replacement.split()))
-                occurrence = seen[key]
-                seen[key] += 1
-                if not any(line in lines for line in range(edit.lines[0], edit.lines[1] + 1)):
-                    continue
-                found.append(Mutant(
-                    id=f"{path}::{fn.name}::{key[0]}::{key[1]} -> {key[2]}#{occurrence}",
-                    path=path, function=fn.name, operator=edit.operator, line=edit.lines[0],
-                    start=edit.start, end=edit.end, original=edit.original, replacement=edit.replacement,
-                ))
+        for mutant, first, last in _file_mutants(path, (root / path).read_text()):
+            if any(line in lines for line in range(first, last + 1)):
+                found.append(mutant)
     return found
+
+
+@functools.lru_cache(maxsize=256)
+def _file_mutants(path: str, text: str) -> tuple:
+    """``(mutant, first line, last line)`` for every edit of every jit function of a file
+    (kept: the ops of one run share their files)."""
+    source = SourceMap(text)
+    out = []
+    for fn in sorted(jit_functions(ast.parse(text)), key=lambda f: f.lineno):
+        seen: dict[tuple, int] = defaultdict(int)
+        for edit in edits(fn, source):
+            key = (edit.operator, " ".join(edit.original.split()), " ".join(edit.replacement.split()))
+            occurrence = seen[key]
+            seen[key] += 1
+            out.append((Mutant(
+                id=f"{path}::{fn.name}::{key[0]}::{key[1]} -> {key[2]}#{occurrence}",
+                path=path, function=fn.name, operator=edit.operator, line=edit.lines[0],
+                start=edit.start, end=edit.end, original=edit.original, replacement=edit.replacement,
+            ), *edit.lines))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- in the child
