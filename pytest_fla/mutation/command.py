@@ -20,13 +20,15 @@ import queue
 import shlex
 import shutil
 import sys
+import signal
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import plan, report
-from .runner import Workspace, conformance_modules, make_workspaces
+from .runner import Workspace, conformance_modules, make_workspaces, stop_children
 from .sites import Mutant, mutants_of
 
 DEFAULT_MAX_PER_OP = 12
@@ -52,16 +54,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None,
                         help="write every mutant's outcome here, as it goes; the other ops of an earlier run's file stay")
     parser.add_argument("--list", action="store_true", help="list the selected mutants and run nothing")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="start no mutant after this many seconds; the table counts those left (not_run)")
 
 
 def run(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     equivalent = plan.load_equivalent(args.equivalent or root / plan.DEFAULT_EQUIVALENT)
     workspaces, parent = make_workspaces(root, max(1, args.jobs))
+    previous = signal.signal(signal.SIGTERM, _terminated)  # `timeout` stops the run: its children go too
     try:
         return _run(args, root, workspaces, equivalent)
     finally:
+        stop_children()
+        signal.signal(signal.SIGTERM, previous)
         shutil.rmtree(parent, ignore_errors=True)
+
+
+STOPPING = threading.Event()
+
+
+def _terminated(signum, frame):
+    STOPPING.set()  # the runs killed now are not outcomes
+    stop_children()
+    raise SystemExit(f"mutate: stopped by signal {signum}")
 
 
 def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, str]) -> int:
@@ -118,7 +134,15 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
             if args.json:
                 report.write_json(args.json, document)
 
+    deadline = None if args.budget is None else time.monotonic() + args.budget
+
     def run_mutant(op: str, mutant: Mutant, timeout: float) -> None:
+        if STOPPING.is_set():
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            with lock:
+                document["ops"][op]["not_run"] = document["ops"][op].get("not_run", 0) + 1
+            return
         workspace = free.get()
         try:
             outcome = workspace.run_checks(op, tests, mutant, args.device, timeout)
@@ -126,6 +150,8 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
                 outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout)
         finally:
             free.put(workspace)
+        if STOPPING.is_set():
+            return
         reason = equivalent.get(mutant.id)
         entry = report.result_entry(mutant, outcome, reason)
         note = "equivalent: " + reason if entry["outcome"] == "equivalent" else (

@@ -49,14 +49,17 @@ def table(ops: dict) -> str:
     header = ("op", "sites", "run", *COLUMNS, "score")
     rows = []
     total = {c: 0 for c in (*COLUMNS, "total")}
-    sites = 0
+    sites = not_run = 0
     for op, data in ops.items():
         counts = tally(data["mutants"])
         for key in total:
             total[key] += counts[key]
         sites += data["sites"]
-        rows.append((op, data["sites"], counts["total"], *(counts[c] for c in COLUMNS), _percent(score(counts))))
-    rows.append(("all", sites, total["total"], *(total[c] for c in COLUMNS), _percent(score(total))))
+        not_run += data.get("not_run", 0)
+        run = f"{counts['total']} (+{data['not_run']} not run)" if data.get("not_run") else counts["total"]
+        rows.append((op, data["sites"], run, *(counts[c] for c in COLUMNS), _percent(score(counts))))
+    run = f"{total['total']} (+{not_run} not run)" if not_run else total["total"]
+    rows.append(("all", sites, run, *(total[c] for c in COLUMNS), _percent(score(total))))
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     out = [" | ".join(str(h).ljust(w) for h, w in zip(header, widths)),
            "-|-".join("-" * w for w in widths)]

@@ -19,6 +19,7 @@ cache), and the file is put back. Outcomes (``docs/design.md``, "Mutation testin
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +43,17 @@ NUMERIC_CHECKS = ("test_forward", "test_backward", "test_varlen", "test_chunk_vs
 KILLING_CHECKS = {"cpu": NUMERIC_CHECKS + ("test_huge_grid",),
                   "cuda": NUMERIC_CHECKS + ("test_deterministic", "test_no_host_sync")}
 CONFORMANCE_IMPORT = "pytest_fla.conformance"
+
+
+# The child runs under way: each in its own session (a timeout kills its whole group), so
+# the command kills them itself when it is stopped (``stop_children``).
+RUNNING: set = set()
+
+
+def stop_children() -> None:
+    for process in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 @dataclass
@@ -130,6 +142,7 @@ class Workspace:
         start = time.monotonic()
         process = subprocess.Popen(command, cwd=self.path, env=self.env(device, extra_env), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        RUNNING.add(process)
         try:
             output, _ = process.communicate(timeout=timeout)
             code = process.returncode
@@ -137,6 +150,8 @@ class Workspace:
             os.killpg(process.pid, signal.SIGKILL)
             output, _ = process.communicate()
             code = None
+        finally:
+            RUNNING.discard(process)
         return code, time.monotonic() - start, output[-3000:]
 
     def run_checks(self, op: str, tests: list[str], mutant: Mutant | None, device: str, timeout: float | None) -> Outcome:
