@@ -38,7 +38,7 @@ def _sample(lengths=None, **hooks):
 def test_every_sample_has_padding_rows_a_zero_key_and_zero_gates():
     s = _sample()
     B, T = 2, 9
-    padding = {(0, 0), (B - 1, T - 1)}
+    padding = {(0, 1), (B - 1, T - 1)}
     assert _zero_tokens(s["q"]) == padding and _zero_tokens(s["v"]) == padding
     assert _zero_tokens(s["k"]) == padding | {(b, T // 2) for b in range(B)}
     assert _zero_tokens(s["g"]) == {(b, T // 3) for b in range(B)}  # log gate 0: no decay
@@ -50,10 +50,10 @@ def test_every_sample_has_padding_rows_a_zero_key_and_zero_gates():
     assert not _zero_tokens(_sample(degenerate=False)["q"])
 
 
-def test_packed_padding_is_the_first_and_last_token_of_the_batch():
+def test_packed_padding_is_the_second_and_last_token_of_the_batch():
     s = _sample(lengths=(3, 1, 5))
     assert s["q"].shape[:2] == (1, 9)
-    assert _zero_tokens(s["q"]) == {(0, 0), (0, 8)}
+    assert _zero_tokens(s["q"]) == {(0, 1), (0, 8)}
 
 
 def test_one_token_sequences_sit_at_a_chunks_first_middle_and_last_token():
