@@ -152,7 +152,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
             free.put(workspace)
         if STOPPING.is_set():
             return
-        reason = equivalent.get(mutant.id)
+        reason = plan.equivalent_reason(equivalent, mutant.id, op)
         entry = report.result_entry(mutant, outcome, reason)
         note = "equivalent: " + reason if entry["outcome"] == "equivalent" else (
             "listed as equivalent: a stale entry" if entry.get("stale_equivalence_entry") else "")

@@ -7,8 +7,9 @@ the few mutants an affordable run takes are spread over bug classes and kernels,
 same sites give the same choice on every machine.
 
 The equivalence list is a TOML file of ``[[equivalent]]`` tables, each an ``id`` (a
-mutant id, :mod:`.sites`) and a ``reason``: why no input can tell the mutant from the
-original (a mask a later mask already covers, a constant that cancels). A listed mutant
+mutant id, :mod:`.sites`), a ``reason``: why no input can tell the mutant from the
+original (a mask a later mask already covers, a constant that cancels), and optionally
+``ops``, the ops it holds for (all where absent). A listed mutant
 that survives is ``equivalent``; one that is killed is reported as a stale entry.
 """
 
@@ -63,8 +64,10 @@ def spread(mutants: list[Mutant], op: str, seed: int) -> list[Mutant]:
     return order
 
 
-def load_equivalent(path: Path | None) -> dict[str, str]:
-    """``{mutant id: reason}`` from the kept list (empty where there is none)."""
+def load_equivalent(path: Path | None) -> dict[tuple[str, str | None], str]:
+    """``{(mutant id, op or None): reason}`` from the kept list (empty where there is
+    none); an entry with ``ops = [...]`` holds for those ops only (code shared by ops
+    that use it differently: a scalar decay that one op's per-channel path never reads)."""
     if path is None or not path.exists():
         return {}
     data = tomllib.loads(path.read_text())
@@ -72,5 +75,11 @@ def load_equivalent(path: Path | None) -> dict[str, str]:
     for entry in data.get("equivalent", []):
         if not entry.get("id") or not entry.get("reason"):
             raise SystemExit(f"{path}: every [[equivalent]] entry needs an id and a reason: {entry}")
-        entries[entry["id"]] = entry["reason"]
+        for op in entry.get("ops") or [None]:
+            entries[(entry["id"], op)] = entry["reason"]
     return entries
+
+
+def equivalent_reason(entries: dict, mutant_id: str, op: str) -> str | None:
+    """Why ``mutant_id`` is equivalent for ``op``, or None where the list does not say so."""
+    return entries.get((mutant_id, op), entries.get((mutant_id, None)))

@@ -119,8 +119,12 @@ def test_selection_is_seeded_and_spread_over_operators_and_functions():
 
 def test_equivalence_list_needs_reasons_and_flags_stale_entries(tmp_path):
     listed = tmp_path / "equivalent.toml"
-    listed.write_text('[[equivalent]]\nid = "x"\nreason = "masked lanes are never stored"\n')
-    assert plan.load_equivalent(listed) == {"x": "masked lanes are never stored"}
+    listed.write_text('[[equivalent]]\nid = "x"\nreason = "masked lanes are never stored"\n'
+                      '[[equivalent]]\nid = "y"\nreason = "unread on its path"\nops = ["a"]\n')
+    entries = plan.load_equivalent(listed)
+    assert plan.equivalent_reason(entries, "x", "any") == "masked lanes are never stored"
+    assert plan.equivalent_reason(entries, "y", "a") == "unread on its path"
+    assert plan.equivalent_reason(entries, "y", "b") is None  # for the listed ops only
     listed.write_text('[[equivalent]]\nid = "x"\n')
     with pytest.raises(SystemExit, match="reason"):
         plan.load_equivalent(listed)
