@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None,
                         help="write every mutant's outcome here, as it goes; the other ops of an earlier run's file stay")
     parser.add_argument("--list", action="store_true", help="list the selected mutants and run nothing")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
+                        help="run nothing: apply the equivalence list as it is now to a run's JSON, rewrite it, "
+                             "print its table")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="start no mutant after this many seconds; the table counts those left (not_run)")
 
@@ -61,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     equivalent = plan.load_equivalent(args.equivalent or root / plan.DEFAULT_EQUIVALENT)
+    if args.rescore:
+        return rescore(args.rescore, equivalent)
     workspaces, parent = make_workspaces(root, max(1, args.jobs))
     previous = signal.signal(signal.SIGTERM, _terminated)  # `timeout` stops the run: its children go too
     try:
@@ -206,6 +211,27 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
     for mutant_id in stale:
         print(f"stale equivalence entry (the mutant was killed): {mutant_id}")
     return 1 if failed_baseline else 0
+
+
+def rescore(path: Path, equivalent: dict) -> int:
+    """Survivors and equivalent mutants of a recorded run, judged again by the list as it
+    is now (an entry added after the run, an entry removed); the file is rewritten."""
+    document = json.loads(path.read_text())
+    for op, data in document["ops"].items():
+        for entry in data["mutants"]:
+            if entry["outcome"] in ("survived", "equivalent"):
+                reason = plan.equivalent_reason(equivalent, entry["id"], op)
+                entry["outcome"] = "survived" if reason is None else "equivalent"
+                entry.pop("equivalent_reason", None)
+                if reason is not None:
+                    entry["equivalent_reason"] = reason
+            elif entry["outcome"] in ("killed", "timeout"):
+                entry.pop("stale_equivalence_entry", None)
+                if plan.equivalent_reason(equivalent, entry["id"], op) is not None:
+                    entry["stale_equivalence_entry"] = True
+    report.write_json(path, document)
+    print(report.table(document["ops"]))
+    return 0
 
 
 def _continued(path: Path | None, ops) -> dict:

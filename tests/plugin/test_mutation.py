@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -135,6 +136,17 @@ def test_equivalence_list_needs_reasons_and_flags_stale_entries(tmp_path):
     assert killed["outcome"] == "killed" and killed["stale_equivalence_entry"]
     counts = report.tally([survived, killed, {"outcome": "invalid"}, {"outcome": "survived"}])
     assert report.score(counts) == 0.5  # killed / (total - equivalent - invalid)
+
+    # a recorded run judged again by the list as it is now
+    from pytest_fla.mutation.command import rescore
+
+    recorded = tmp_path / "run.json"
+    recorded.write_text(json.dumps({"runs": [], "ops": {"a": {"sites": 3, "mutants": [
+        {"id": "y", "outcome": "survived"}, {"id": "x", "outcome": "equivalent", "equivalent_reason": "old"},
+        {"id": "z", "outcome": "survived"}]}}}))
+    rescore(recorded, entries)
+    outcomes = {m["id"]: m["outcome"] for m in json.loads(recorded.read_text())["ops"]["a"]["mutants"]}
+    assert outcomes == {"y": "equivalent", "x": "equivalent", "z": "survived"}
 
 
 def test_triton_refusing_the_code_is_invalid_a_check_failing_is_a_kill(tmp_path):
