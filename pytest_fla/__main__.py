@@ -1,6 +1,8 @@
 """``python -m pytest_fla new-repro NAME``: scaffold a reproducer in tests/repro/.
 
 ``run-repro`` is what the plugin runs in a fresh process for each reproducer.
+``mutate`` plants one bug at a time in an op's kernels and scores its checks
+(:mod:`pytest_fla.mutation`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("run-repro", help="run one reproducer here and compare with its expectation")
     run.add_argument("path")
     run.add_argument("--expect", required=True)
+    mutate = commands.add_parser("mutate", help="plant one bug at a time in each op's kernels, score its checks")
+    from .mutation import command as mutation
+
+    mutation.add_arguments(mutate)
     args = parser.parse_args(argv)
+    if args.command == "mutate":
+        args.argv = list(sys.argv[1:] if argv is None else argv)
+        return mutation.run(args)
     if args.command == "new-repro":
         try:
             path = repro.new_repro(args.name, args.dir, args.source, args.seen_on, args.expect, args.op)

@@ -8,7 +8,8 @@ sequences (``B``, or the number of packed sequences under ``cu_seqlens``).
 Distributions (the contract's realistic inputs, ``docs/ops.md``): gates are ``logsigmoid(randn) / normalizer``;
 ``realistic`` uses normalizer 8 (a few percent decay per step), ``strong_decay`` 0.01
 (per-step log gates down to about -500: naive chunk forms overflow ``exp``),
-``weak_decay`` 64. Everything is drawn on the CPU from one seeded generator, then moved,
+``weak_decay`` 64. Every sample also carries degenerate tokens (:func:`degenerate_tokens`:
+all-zero padding rows, a zero key, a zero gate). Everything is drawn on the CPU from one seeded generator, then moved,
 so a sample is the same on every device.
 """
 
@@ -53,6 +54,8 @@ class Arg:
     float32: bool = False  # drawn in float32 whatever the sample's dtype
     times: str | None = None
     scale: float = 1.0
+    # False: this argument never takes its degenerate value (:func:`degenerate_tokens`)
+    degenerate: bool = True
 
 
 # The normal draws are float32: every sample is rounded to its dtype (bf16, fp32) before
@@ -86,6 +89,43 @@ def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
     raise ValueError(f"unknown argument kind {kind!r}")
 
 
+# Degenerate but common inputs, carried by every sample at fixed tokens (docs/ops.md,
+# "Inputs"): padding tokens, whose data rows are all zero (an l2norm or rms_norm without
+# its eps turns them into NaN); a zero key (the token writes nothing to the state); a log
+# gate of 0 (no decay); a multiplicative gate (beta) of 0 (no write).
+DATA_KINDS = ("normal", "unit")
+LOG_GATE_KINDS = ("log_gate", "rwkv_decay")
+MULTIPLICATIVE_GATE_KINDS = ("beta",)
+KEY_NAMES = ("k",)
+
+
+def degenerate_tokens(name: str, arg: Arg, B: int, T: int) -> list[tuple]:
+    """``(row, token)`` indices of a ``[B, T, ...]`` argument set to zero in every sample:
+
+    * data (kinds ``normal``, ``unit``): padding, the second token of the first row and
+      the last token of the last row (under ``cu_seqlens``, B = 1: of the packed batch).
+      Not the first token: with an initial state under strong decay, a zero query there
+      leaves the state's gradient only through two or more decays (``e^{-140}``, measured
+      on fused_recurrent_gated_delta_rule), below fp32's normal range, where a relative
+      check measures fp32's subnormals, not the kernel;
+    * keys (an argument named ``k``): also token ``T // 2`` of every row;
+    * log gates (``log_gate``, ``rwkv_decay``): token ``T // 3`` of every row (no decay);
+    * multiplicative gates (``beta``): token ``2T // 3`` of every row (no write).
+
+    An argument coupled to another (``times``) follows it; ``Arg(degenerate=False)``
+    leaves an argument out, for an op where the value is outside its contract."""
+    if not arg.degenerate or arg.times is not None or tuple(arg.layout[:2]) != ("B", "T") or T == 0 or B == 0:
+        return []
+    every = slice(None)
+    if arg.kind in DATA_KINDS:
+        return [(0, min(1, T - 1)), (B - 1, T - 1)] + ([(every, T // 2)] if name in KEY_NAMES else [])
+    if arg.kind in LOG_GATE_KINDS:
+        return [(every, T // 3)]
+    if arg.kind in MULTIPLICATIVE_GATE_KINDS:
+        return [(every, 2 * T // 3)]
+    return []
+
+
 def resolve_dims(case: Case, lengths) -> dict[str, int]:
     dims = dict(case.dims)
     dims.setdefault("V", dims.get("K", 0))
@@ -112,6 +152,7 @@ def make_factory(
     prepare: Callable[[Case], Case] | None = None,
     finish: Callable[[Case, Sample, Any, torch.Generator], None] | None = None,
     drop: tuple[str, ...] = (),
+    degenerate: bool = True,
 ):
     """An ``OpSpec.factory`` drawing ``args`` for a case.
 
@@ -122,7 +163,8 @@ def make_factory(
     than independent draws: ``prepare(case) -> case`` before drawing (derive a dim or an
     option), ``extra(case, dims) -> kwargs`` to add arguments computed from the dims,
     ``finish(case, sample, lengths, gen)`` to edit the drawn sample in place (``case`` as
-    given, before ``prepare``).
+    given, before ``prepare``). ``degenerate=False`` draws no degenerate tokens
+    (:func:`degenerate_tokens`) for any argument.
     """
 
     def factory(case: Case, dtype, device, gen, lengths) -> Sample:
@@ -141,6 +183,9 @@ def make_factory(
                 values = values * drawn[arg.times]
             if arg.scale != 1.0:
                 values = values * arg.scale
+            if degenerate:
+                for row, token in degenerate_tokens(name, arg, dims["B"], dims["T"]):
+                    values[row, token] = 0.0
             drawn[name] = values
             target = torch.float32 if (arg.float32 or arg.kind == "state") and dtype != torch.float64 else dtype
             if arg.kind == "state" and isinstance(case.options.get(name), str) and dtype != torch.float64:

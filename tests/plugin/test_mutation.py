@@ -1,0 +1,244 @@
+"""``python -m pytest_fla mutate``: its operators, mutant ids, site discovery, selection,
+outcome rules, and runs on the example repository (``examples/token_cumsum``)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_fla.mutation import plan, report
+from pytest_fla.mutation.child import refused_by_triton
+from pytest_fla.mutation.operators import SourceMap, edits, jit_functions
+from pytest_fla.mutation.runner import Outcome, Workspace, classify, conformance_modules, project_files
+from pytest_fla.mutation.sites import Mutant, mutants_of
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "token_cumsum"
+SCAN = "token_cumsum/op.py::_scan_kernel"
+
+KERNEL = '''\
+import triton
+import triton.language as tl
+
+
+def host(x):
+    return x + 1
+
+
+@triton.jit
+def norm(x, y, D, eps, BLOCK: tl.constexpr):
+    """rows of x, normalised"""
+    i_h = tl.program_id(0)
+    c = tl.arange(0, BLOCK)
+    v = tl.load(x + i_h * D + c, mask=c < D, other=0.0)
+    ss = tl.sum(v[:, None] * v[:, None], axis=1)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for i in range(4):
+        acc += v
+    tl.store(y + i_h * D + c, v * tl.math.rsqrt(tl.maximum(ss + eps, 0.5)), mask=c < D)
+'''
+
+
+def _edits(text: str):
+    source = SourceMap(text)
+    (fn,) = jit_functions(ast.parse(text))
+    return source, edits(fn, source)
+
+
+def test_operators_make_the_planned_edits_and_nothing_else():
+    source, found = _edits(KERNEL)
+    made = {(e.operator, e.original, e.replacement) for e in found}
+    for expected in [
+        ("compare_flip", "<", "<="),
+        ("off_by_one", "D", "D - 1"),
+        ("off_by_one", "x + i_h * D + c", "x + i_h * D + c + 1"),
+        ("off_by_one", "4", "4 - 1"),
+        ("drop_term", "ss + eps", "ss"),
+        ("drop_term", "+=", "="),
+        ("scale_term", "eps", "2 * eps"),
+        ("scale_term", "i_h * D", "2 * (i_h * D)"),
+        ("wrong_index", "i_h", "(i_h ^ 1)"),
+        ("swap_broadcast", "[:, None]", "[None, :]"),
+        ("change_constant", "0.0", "1.0"),
+        ("change_constant", "0.5", "1.0"),
+        ("change_constant", "1", "0"),
+        ("change_constant", "maximum", "minimum"),
+    ]:
+        assert expected in made, expected
+    # the host function, the docstring and the signature are never touched
+    assert not any("x + 1" == e.original or "rows of x" in e.original for e in found)
+    for edit in found:
+        mutated = source.text[:edit.start] + edit.replacement + source.text[edit.end:]
+        ast.parse(mutated)  # valid Python
+        assert mutated[:edit.start] == KERNEL[:edit.start]
+        assert mutated[edit.start + len(edit.replacement):] == KERNEL[edit.end:]
+
+
+def test_mutant_ids_survive_unrelated_edits(tmp_path):
+    def ids(text):
+        (tmp_path / "k.py").write_text(text)
+        lines = set(range(1, text.count("\n") + 2))
+        return {m.id for m in mutants_of(tmp_path, {"k.py": lines})}
+
+    before = ids(KERNEL)
+    edited = KERNEL.replace("def host(x):\n    return x + 1\n", "def host(x):\n    y = x * 3\n    return y + 1\n\n\n# note\n")
+    assert ids(edited) == before
+    # two equal edits of one function differ by their occurrence index
+    assert "k.py::norm::swap_broadcast::[:, None] -> [None, :]#0" in before
+    assert "k.py::norm::swap_broadcast::[:, None] -> [None, :]#1" in before
+
+
+def test_only_reached_lines_have_sites(tmp_path):
+    (tmp_path / "k.py").write_text(KERNEL)
+    line = next(i for i, text in enumerate(KERNEL.splitlines(), 1) if "acc += v" in text)
+    found = mutants_of(tmp_path, {"k.py": {line}})
+    assert found and all(m.line == line for m in found)
+    assert {m.operator for m in found} == {"drop_term", "scale_term"}
+
+
+def _mutants(n_functions=2):
+    return [Mutant(f"f.py::fn{f}::{op}::a -> b#{i}", "f.py", f"fn{f}", op, 1, 0, 1, "a", "b")
+            for op in ("compare_flip", "drop_term", "off_by_one") for f in range(n_functions) for i in range(5)]
+
+
+def test_selection_is_seeded_and_spread_over_operators_and_functions():
+    mutants = _mutants()
+    chosen = plan.select(mutants, "op", 6, seed=0)
+    assert len(chosen) == 6 and chosen == plan.select(mutants, "op", 6, seed=0)
+    assert {m.operator for m in chosen} == {"compare_flip", "drop_term", "off_by_one"}
+    assert {(m.operator, m.function) for m in chosen} == {(o, f"fn{f}") for o in ("compare_flip", "drop_term", "off_by_one") for f in range(2)}
+    assert plan.select(mutants, "op", 6, seed=1) != chosen
+    order = plan.spread(mutants, "op", 0)
+    assert sorted(m.id for m in order) == sorted(m.id for m in mutants)  # every one, to replace invalid ones
+
+
+def test_equivalence_list_needs_reasons_and_flags_stale_entries(tmp_path):
+    listed = tmp_path / "equivalent.toml"
+    listed.write_text('[[equivalent]]\nid = "x"\nreason = "masked lanes are never stored"\n'
+                      '[[equivalent]]\nid = "y"\nreason = "unread on its path"\nops = ["a"]\n')
+    entries = plan.load_equivalent(listed)
+    assert plan.equivalent_reason(entries, "x", "any") == "masked lanes are never stored"
+    assert plan.equivalent_reason(entries, "y", "a") == "unread on its path"
+    assert plan.equivalent_reason(entries, "y", "b") is None  # for the listed ops only
+    listed.write_text('[[equivalent]]\nid = "x"\n')
+    with pytest.raises(SystemExit, match="reason"):
+        plan.load_equivalent(listed)
+    mutant = _mutants(1)[0]
+    survived = report.result_entry(mutant, Outcome("survived", 1.0), "why")
+    assert survived["outcome"] == "equivalent"
+    killed = report.result_entry(mutant, Outcome("killed", 1.0, killed_by="test_forward[x]"), "why")
+    assert killed["outcome"] == "killed" and killed["stale_equivalence_entry"]
+    counts = report.tally([survived, killed, {"outcome": "invalid"}, {"outcome": "survived"}])
+    assert report.score(counts) == 0.5  # killed / (total - equivalent - invalid)
+
+    # a recorded run judged again by the list as it is now
+    from pytest_fla.mutation.command import rescore
+
+    recorded = tmp_path / "run.json"
+    recorded.write_text(json.dumps({"runs": [], "ops": {"a": {"sites": 3, "mutants": [
+        {"id": "y", "outcome": "survived"}, {"id": "x", "outcome": "equivalent", "equivalent_reason": "old"},
+        {"id": "z", "outcome": "survived"}]}}}))
+    rescore(recorded, entries)
+    outcomes = {m["id"]: m["outcome"] for m in json.loads(recorded.read_text())["ops"]["a"]["mutants"]}
+    assert outcomes == {"y": "equivalent", "x": "equivalent", "z": "survived"}
+
+
+def test_triton_refusing_the_code_is_invalid_a_check_failing_is_a_kill(tmp_path):
+    import torch
+
+    from pytest_fla.devices import numeric_device
+
+    # a kernel whose two ranges cannot broadcast: the compiler refuses it, and so does the
+    # interpreter (an InterpreterError around its shape error)
+    (tmp_path / "broken_kernel.py").write_text(textwrap.dedent('''
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def broken(y):
+            tl.store(y + tl.arange(0, 16), tl.arange(0, 16) + tl.arange(0, 8))
+    '''))
+    spec = importlib.util.spec_from_file_location("broken_kernel", tmp_path / "broken_kernel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    y = torch.zeros(16, device=numeric_device())
+    with pytest.raises(Exception) as refused:
+        module.broken[(1,)](y)
+    assert refused_by_triton(refused.value) is not None
+    assert refused_by_triton(AssertionError("l2norm.y: rel_rms 0.3 > 2e-05")) is None
+
+    def first(error, refused_by=None):
+        return {"first_failure": {"test": "test_forward[op-fp32-plain]", "error": error, "message": "m",
+                                  "refused_by": refused_by}, "counts": {"failed": 1}}
+
+    assert classify(1, 1.0, "", first("InterpreterError", "InterpreterError")).status == "invalid"
+    assert classify(1, 1.0, "", first("CompilationError", "CompilationError")).status == "invalid"
+    killed = classify(1, 1.0, "", first("AssertionError"))
+    assert (killed.status, killed.killed_by) == ("killed", "test_forward[op-fp32-plain]")
+    crashed = classify(-11, 1.0, "", {"running": "test_varlen[op-fp32-equal-int32]"})
+    assert (crashed.status, crashed.killed_by) == ("killed", "test_varlen[op-fp32-equal-int32]")
+    assert classify(None, 9.0, "", {}).status == "timeout"
+    assert classify(0, 1.0, "", {"counts": {"passed": 3}, "mutated_file_imported": True}).status == "survived"
+    assert classify(0, 1.0, "", {"counts": {"passed": 3}, "mutated_file_imported": False}).status == "error"
+
+
+def _example_spec():
+    """The example repository's spec, imported from its conftest as its own tests do."""
+    for path in (str(EXAMPLE), str(EXAMPLE / "tests")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    spec = importlib.util.spec_from_file_location("token_cumsum_conftest", EXAMPLE / "tests" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TOKEN_CUMSUM
+
+
+def test_sites_of_the_example_repository(monkeypatch):
+    from pytest_fla.devices import numeric_device
+    from pytest_fla.mutation.sites import reached_by
+
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")  # natively, the code generator must visit every kernel
+    reached = reached_by(_example_spec(), numeric_device(), EXAMPLE)
+    assert list(reached) == ["token_cumsum/op.py"]
+    mutants = mutants_of(EXAMPLE, {p: set(lines) for p, lines in reached.items()})
+    ids = {m.id for m in mutants}
+    assert all(i.startswith(SCAN + "::") for i in ids)
+    # forward and backward (REVERSE), dense and packed (VARLEN) branches are all reached
+    for expected in ("::off_by_one::cu_seqlens + n + 1 -> cu_seqlens + n + 1 + 1#0",
+                     "::drop_term::eos - 1 - i -> eos - 1#0",
+                     "::drop_term::base + t -> base#0",
+                     "::drop_term::+= -> =#1"):
+        assert SCAN + expected in ids, expected
+    assert len({m.operator for m in mutants}) >= 5
+
+
+def test_a_run_on_the_example_kills_one_mutant_and_not_an_equivalent_one(tmp_path):
+    """Each mutant in the example's copy, the way the command runs it: dropping the
+    running sum's accumulation is caught, and the ``other`` of a masked load whose lanes
+    are never stored is not (an equivalent mutant)."""
+    files = project_files(EXAMPLE)
+    workspace = Workspace(EXAMPLE, files, tmp_path, 0)
+    tests = conformance_modules(workspace.path, files)
+    assert tests == ["tests/test_conformance.py"]
+    reached = {"token_cumsum/op.py": set(range(1, 200))}
+    by_id = {m.id: m for m in mutants_of(workspace.path, reached)}
+    device = "cuda" if _on_gpu() else "cpu"
+    killed = workspace.run_checks("token_cumsum", tests, by_id[SCAN + "::drop_term::+= -> =#1"], device, 300)
+    assert killed.status == "killed", killed
+    assert killed.killed_by.startswith("test_forward[token_cumsum-")
+    survived = workspace.run_checks("token_cumsum", tests, by_id[SCAN + "::change_constant::0.0 -> 1.0#1"], device, 300)
+    assert survived.status == "survived", survived
+    assert survived.counts["passed"] > 0
+    assert (workspace.path / "token_cumsum" / "op.py").read_text() == (EXAMPLE / "token_cumsum" / "op.py").read_text()
+
+
+def _on_gpu() -> bool:
+    from pytest_fla.devices import numeric_device
+
+    return numeric_device().type == "cuda"
