@@ -122,7 +122,8 @@ def test_rounded_reference_rounds_values_and_gradients_at_the_handovers():
     plain reference bit for bit, fp16 moves the output by about a unit roundoff, and a
     hand-over rounds the gradient coming back as well as the value going forward."""
     layer = _layer("fp32", hidden_size=32, head_dim=16, num_heads=2, num_v_heads=4, expand_v=1.5)
-    x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    # drawn on the CPU, then where the layer's parameters are (the reference runs beside them)
+    x = torch.randn(2, 20, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(numeric_device())
     plain, _ = _reference(layer, x)
     assert torch.equal(_reference(layer, x, None)[0], plain)
     rounded, _ = _reference(layer, x, torch.float16)
