@@ -150,3 +150,16 @@ def test_a_tool_that_gave_up_waiting_is_not_clean_and_says_why():
     result = sanitizer.parse("memcheck", GAVE_UP)
     assert result.gave_up and not result.clean and not result.findings
     assert "gave up waiting for the program to connect (--launch-timeout): nothing was checked" in result.describe()
+
+
+def test_racecheck_hazard_mode_lists_each_hazard_with_its_values():
+    """``--racecheck-report hazard`` (recorded on an H100 over fused_recurrent_simple_gla's
+    backward, host frames left out): a report per hazard, its threads and the values written,
+    and a summary counting more errors than it displays."""
+    result = sanitizer.parse("racecheck", transcript("racecheck", "hazard_report"))
+    assert not result.clean
+    assert (result.errors, result.warnings, len(result.findings)) == (1232, 0, 6)
+    first = result.findings[0]
+    assert first.access.startswith("Error: Potential WAW hazard detected at __shared__ 0x400")
+    assert first.location["kernel"] == "fused_recurrent_fwd_kernel" and first.location["line"] == "207"
+    assert "Current Value : 196, Incoming Value : 195" in first.lines
