@@ -169,29 +169,36 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
 
     failed_baseline = []
     futures: list = []
-    with ThreadPoolExecutor(max_workers=len(workspaces)) as pool:
-        for op, chosen in selected.items():
-            workspace = free.get()
-            try:
-                baseline = workspace.run_checks(op, tests, None, args.device, None)
-            finally:
-                free.put(workspace)
-            timeout = args.timeout or 3 * baseline.seconds + 60
-            with lock:
-                kept = document["ops"].get(op, {}).get("mutants", [])  # a rerun of given mutants keeps the others
-                document["ops"][op] = {"sites": sites[op], "baseline_seconds": round(baseline.seconds, 1),
-                                       "timeout": round(timeout), "mutants": kept}
-                print(f"{op}: baseline {baseline.status} in {baseline.seconds:.1f}s "
-                      f"({baseline.counts.get('passed', 0)} checks passed); {len(chosen)} of {sites[op]} sites",
-                      flush=True)
+
+    def prepare(op: str, chosen: list[Mutant]) -> None:
+        """The op's baseline; where it passes, its mutants join the pool's queue."""
+        if STOPPING.is_set():
+            return
+        workspace = free.get()
+        try:
+            baseline = workspace.run_checks(op, tests, None, args.device, None)
+        finally:
+            free.put(workspace)
+        timeout = args.timeout or 3 * baseline.seconds + 60
+        with lock:
+            kept = document["ops"].get(op, {}).get("mutants", [])  # a rerun of given mutants keeps the others
+            document["ops"][op] = {"sites": sites[op], "baseline_seconds": round(baseline.seconds, 1),
+                                   "timeout": round(timeout), "mutants": kept}
+            print(f"{op}: baseline {baseline.status} in {baseline.seconds:.1f}s "
+                  f"({baseline.counts.get('passed', 0)} checks passed); {len(chosen)} of {sites[op]} sites",
+                  flush=True)
             if baseline.status != "survived":
                 failed_baseline.append(op)
                 print(f"{op}: the unmutated checks do not pass ({baseline.status}: {baseline.detail}"
                       f"{' ' + str(baseline.killed_by) if baseline.killed_by else ''}); its mutants are not run",
                       flush=True)
-                continue
-            with lock:
-                futures += [pool.submit(run_mutant, op, mutant, timeout) for mutant in chosen]
+                return
+            futures.extend(pool.submit(run_mutant, op, mutant, timeout) for mutant in chosen)
+
+    with ThreadPoolExecutor(max_workers=len(workspaces)) as pool:
+        # baselines first, in the ops' order, each op's mutants queued behind them as it passes
+        with lock:
+            futures.extend(pool.submit(prepare, op, chosen) for op, chosen in selected.items())
         while True:  # an invalid mutant's replacement joins the list while it is waited on
             with lock:
                 pending = [f for f in futures if not f.done()]
