@@ -126,7 +126,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         "device": args.device, "seed": args.seed, "max_per_op": None if args.all else args.max_per_op,
         "ops": list(selected),
     }
-    document = _continued(args.json, selected)
+    document = _continued(args.json, selected, wanted)
     document["runs"].append(this_run)
     lock = threading.Lock()
     free: queue.Queue = queue.Queue()
@@ -169,28 +169,36 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
 
     failed_baseline = []
     futures: list = []
-    with ThreadPoolExecutor(max_workers=len(workspaces)) as pool:
-        for op, chosen in selected.items():
-            workspace = free.get()
-            try:
-                baseline = workspace.run_checks(op, tests, None, args.device, None)
-            finally:
-                free.put(workspace)
-            timeout = args.timeout or 3 * baseline.seconds + 60
-            with lock:
-                document["ops"][op] = {"sites": sites[op], "baseline_seconds": round(baseline.seconds, 1),
-                                       "timeout": round(timeout), "mutants": []}
-                print(f"{op}: baseline {baseline.status} in {baseline.seconds:.1f}s "
-                      f"({baseline.counts.get('passed', 0)} checks passed); {len(chosen)} of {sites[op]} sites",
-                      flush=True)
+
+    def prepare(op: str, chosen: list[Mutant]) -> None:
+        """The op's baseline; where it passes, its mutants join the pool's queue."""
+        if STOPPING.is_set():
+            return
+        workspace = free.get()
+        try:
+            baseline = workspace.run_checks(op, tests, None, args.device, None)
+        finally:
+            free.put(workspace)
+        timeout = args.timeout or 3 * baseline.seconds + 60
+        with lock:
+            kept = document["ops"].get(op, {}).get("mutants", [])  # a rerun of given mutants keeps the others
+            document["ops"][op] = {"sites": sites[op], "baseline_seconds": round(baseline.seconds, 1),
+                                   "timeout": round(timeout), "mutants": kept}
+            print(f"{op}: baseline {baseline.status} in {baseline.seconds:.1f}s "
+                  f"({baseline.counts.get('passed', 0)} checks passed); {len(chosen)} of {sites[op]} sites",
+                  flush=True)
             if baseline.status != "survived":
                 failed_baseline.append(op)
                 print(f"{op}: the unmutated checks do not pass ({baseline.status}: {baseline.detail}"
                       f"{' ' + str(baseline.killed_by) if baseline.killed_by else ''}); its mutants are not run",
                       flush=True)
-                continue
-            with lock:
-                futures += [pool.submit(run_mutant, op, mutant, timeout) for mutant in chosen]
+                return
+            futures.extend(pool.submit(run_mutant, op, mutant, timeout) for mutant in chosen)
+
+    with ThreadPoolExecutor(max_workers=len(workspaces)) as pool:
+        # baselines first, in the ops' order, each op's mutants queued behind them as it passes
+        with lock:
+            futures.extend(pool.submit(prepare, op, chosen) for op, chosen in selected.items())
         while True:  # an invalid mutant's replacement joins the list while it is waited on
             with lock:
                 pending = [f for f in futures if not f.done()]
@@ -234,9 +242,10 @@ def rescore(path: Path, equivalent: dict) -> int:
     return 0
 
 
-def _continued(path: Path | None, ops) -> dict:
+def _continued(path: Path | None, ops, rerun: set) -> dict:
     """The JSON document to write: the one at ``path`` with ``ops`` taken out (a run split
-    over several commands, a group of ops each, ends in one file), or a new one."""
+    over several commands, a group of ops each, ends in one file), or with only the
+    ``rerun`` mutants taken out where given (``--mutant``); a new one where none is."""
     document = {"runs": [], "ops": {}}
     if path is not None and path.exists():
         try:
@@ -244,8 +253,13 @@ def _continued(path: Path | None, ops) -> dict:
         except json.JSONDecodeError:
             earlier = {}
         if isinstance(earlier.get("runs"), list) and isinstance(earlier.get("ops"), dict):
-            document = {"runs": earlier["runs"],
-                        "ops": {op: data for op, data in earlier["ops"].items() if op not in ops}}
+            if rerun:
+                for data in earlier["ops"].values():
+                    data["mutants"] = [m for m in data["mutants"] if m["id"] not in rerun]
+                document = earlier
+            else:
+                document = {"runs": earlier["runs"],
+                            "ops": {op: data for op, data in earlier["ops"].items() if op not in ops}}
     return document
 
 

@@ -51,7 +51,8 @@ TINY = {"B": 1, "T": 16, "H": 1, "K": 16, "V": 16}
 RECURRENT_SMALL = {"B": 2, "T": 24, "H": 2, "K": 16, "V": 24}
 RECURRENT_CASES = (
     Case("state", RECURRENT_SMALL, options=WITH_STATE, gpu_dims=GPU),
-    Case("strong_decay", {**RECURRENT_SMALL, "B": 1}, dist="strong_decay", options=WITH_STATE,
+    # K = 24: the key tile's lanes past K are masked too
+    Case("strong_decay", {**RECURRENT_SMALL, "B": 1, "K": 24}, dist="strong_decay", options=WITH_STATE,
          gpu_dims={**GPU, "K": 64, "V": 64}),
     Case("realistic_large", TINY, gpu_dims=LARGE, checks=("forward",)),
 )

@@ -19,8 +19,9 @@ GLA_ARGS = {
 # CPU sizes: T past one chunk (64) and not a multiple of it, V not a power of two, K = 8
 # below the smallest tile, so the masks on every edge are exercised. They stay small
 # because the agreement check runs the fused-recurrent kernel step by step in the
-# interpreter; "wide" (K, V not powers of two, K past 32) is checked against the
-# reference only. GPU sizes are the realistic ones.
+# interpreter; "wide" (K, V not powers of two, K past 32, an odd head count: a sequence
+# index taken from a neighbouring head, i_nh ^ 1, stays in its sequence at even H) is
+# checked against the reference only. GPU sizes are the realistic ones.
 SMALL = {"B": 2, "T": 70, "H": 2, "K": 16, "V": 24}
 GPU = {"B": 2, "T": 2048, "H": 8, "K": 128, "V": 128}
 WITH_STATE = {"initial_state": True, "output_final_state": True}
@@ -29,7 +30,7 @@ CASES = (
     Case("state", SMALL, options=WITH_STATE, gpu_dims=GPU),
     Case("no_state", {**SMALL, "K": 8, "V": 8}, gpu_dims={**GPU, "K": 64, "V": 64}),
     Case("strong_decay", SMALL, dist="strong_decay", options=WITH_STATE, gpu_dims={**GPU, "T": 1024, "K": 256, "V": 256}),
-    Case("wide", {"B": 1, "T": 70, "H": 2, "K": 48, "V": 40}, options=WITH_STATE,
+    Case("wide", {"B": 1, "T": 70, "H": 3, "K": 48, "V": 40}, options=WITH_STATE,
          gpu_dims={**GPU, "K": 96, "V": 200}, checks=("forward", "backward")),
     Case("realistic_large", SMALL, gpu_dims={"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128}, checks=("forward",)),
 )
