@@ -51,6 +51,8 @@ NORM_ARGS = {
 }
 NORM_SMALL = {"B": 2, "T": 7, "H": 3, "D": 48}
 NORM_GPU = {"B": 4, "T": 1024, "H": 16, "D": 128}
+# 265 row blocks of one row (D = 8192): one more than the partial-sum programs of the backward
+NORM_SHARED_PROGRAMS = {"B": 1, "T": 265, "H": 1, "D": 8192}
 NORM_COMPILE_DIMS = {
     "d128": {"B": 1, "T": 64, "H": 4, "D": 128},
     "d4096": {"B": 1, "T": 16, "H": 1, "D": 4096},
@@ -111,7 +113,11 @@ RMS_NORM = _norm_spec(
     (Case("plain", NORM_SMALL, gpu_dims=NORM_GPU),
      Case("weight", {**NORM_SMALL, "D": 24}, options={"weight": True}, gpu_dims={"B": 2, "T": 512, "H": 1, "D": 4096}),
      Case("weight_bias", {"B": 2, "T": 3, "H": 2, "D": 100}, options={"weight": True, "bias": True},
-          gpu_dims={**NORM_GPU, "D": 96})),
+          gpu_dims={**NORM_GPU, "D": 96}),
+     # more row blocks than the backward's partial-sum programs (264 under the
+     # interpreter, which assumes an H100): program 0 adds two blocks into its dweight
+     # row, and the [P, D] partials sum has rows past P in its block
+     Case("shared_programs", NORM_SHARED_PROGRAMS, options={"weight": True}, checks=("forward", "backward"))),
     grads=("x", "weight", "bias"), affine=True,
 )
 RMS_NORM_GATED = _norm_spec(
@@ -120,7 +126,10 @@ RMS_NORM_GATED = _norm_spec(
      Case("sigmoid_no_weight", {**NORM_SMALL, "D": 20}, options={"g": True, "activation": "sigmoid"},
           gpu_dims={**NORM_GPU, "D": 256}),
      Case("wide", {"B": 1, "T": 2, "H": 1, "D": 2000}, options={"g": True, "weight": True},
-          gpu_dims={"B": 2, "T": 64, "H": 1, "D": 8192})),
+          gpu_dims={"B": 2, "T": 64, "H": 1, "D": 8192}),
+     # three row blocks of 128 (D = 48): three partial-sum programs, summed in a block of four
+     Case("three_blocks", {"B": 2, "T": 50, "H": 3, "D": 48}, options={"g": True, "weight": True},
+          gpu_dims=NORM_GPU)),
     grads=("x", "g", "weight"), gated=True,
 )
 
