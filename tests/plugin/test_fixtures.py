@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from plugin_testing import cpu_only, run
+from pytest_fla.packings import packings
 
 PROJECT = '''
 import re, pytest, torch
@@ -62,7 +63,8 @@ def test_fixture_families(pytester):
     assert "test_device_mismatch[other_kind] PASSED" in out
     assert "needs two visible GPUs" in out
     assert "test_poisoned_allocations PASSED" in out
-    result.assert_outcomes(passed=10 + 5 + 1 + 1, skipped=3 + 1)
+    # every packing in both index dtypes, the five rotary cases, device mismatch, poisoning
+    result.assert_outcomes(passed=2 * len(packings(16)) + 5 + 1 + 1, skipped=3 + 1)
     listed = run(pytester, "--fixtures").stdout.str()
     for name in ("cu_seqlens", "huge_batch", "rotary_dims", "device_mismatch", "fla_poison_allocations"):
         assert name in listed
