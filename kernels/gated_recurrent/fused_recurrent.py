@@ -88,6 +88,15 @@ from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
 
 
+# Multiply-add contraction off in this file's kernels. Their per-step sums over a tile's
+# columns (``tl.sum(S * x[None, :], 1)``) reduce by a butterfly over a warp's lanes; with
+# contraction the butterfly's first stage is fma(own product, the neighbour's rounded
+# product), so each lane rounds a different product and the lanes' copies of one sum differ
+# in the last bit. Those copies reach the store through shared memory, several lanes writing
+# one word with different values: a write-after-write race that racecheck reports
+# (triton-lang/triton#7264). With products rounded first, every lane adds the same numbers.
+RECURRENT_OPTIONS = {**COMPILE_OPTIONS, "enable_fp_fusion": False}
+
 @triton.jit
 def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, IS_VARLEN: tl.constexpr, SPLIT_K: tl.constexpr):
@@ -487,7 +496,7 @@ def _bonus_dots(q, k, u, do, v) -> torch.Tensor:
     BR = max(1, 4096 // max(BK, BV))
     if n_rows > 0:
         bonus_dots_kernel[(cdiv(n_rows, BR),)](q, k, u, do, v, out, n_rows, H=H, K=K, V=V, BR=BR, BK=BK, BV=BV,
-                                               num_warps=4, **COMPILE_OPTIONS)
+                                               num_warps=4, **RECURRENT_OPTIONS)
     return out
 
 
@@ -556,7 +565,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], SEG=SEGMENT,
         USE_G=g is not None, USE_G_GAMMA=g_gamma is not None, USE_GK=gk is not None, BONUS=u is not None,
         USE_H0=initial_state is not None, STORE_HT=final_state is not None, DQ_MODE=False,
-        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+        STORE_CHECKPOINTS=False, IS_VARLEN=cu_seqlens is not None, num_warps=cfg["num_warps"], **RECURRENT_OPTIONS,
     )
     return (o, final_state), ()
 
@@ -614,7 +623,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
         do, k, v, g, g_gamma, gk, u, bonus_dots, dq_part, initial_state, None, checkpoints, cu_seqlens, scale, T, B * T,
         H=H, K=K, V=V, BK=cfg["BK"], BV=cfg["dq_BV"], SEG=SEGMENT, **gates,
         USE_H0=initial_state is not None, STORE_HT=False, DQ_MODE=True, STORE_CHECKPOINTS=need_dgate,
-        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["dq_warps"], **COMPILE_OPTIONS,
+        IS_VARLEN=cu_seqlens is not None, num_warps=cfg["dq_warps"], **RECURRENT_OPTIONS,
     )
     fused_recurrent_bwd_kernel[(N * H * NP,)](
         q, k, v, g, g_gamma, gk, u, bonus_dots, do, dk_part, dg_part, du_part, dv, dht, dh0, checkpoints, cu_seqlens,
@@ -622,7 +631,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
         H=H, K=K, V=V, BK=tile_BK, BV=cfg["BV"], SEG=SEGMENT, **gates, GATE_GRAD=need_dgate,
         GATE_F64=q.dtype == torch.float32, USE_DHT=dht is not None, STORE_DH0=need_dh0,
         IS_VARLEN=cu_seqlens is not None, PRECISION="tf32x3", SPLIT_K=split_k, DV_PARTIAL=dv_partial,
-        num_warps=cfg["num_warps"], **COMPILE_OPTIONS,
+        num_warps=cfg["num_warps"], **RECURRENT_OPTIONS,
     )
     if dv_partial:
         dv = column_sum(dv.view(NP, -1), v.dtype).view(v.shape)
@@ -634,7 +643,7 @@ def recurrent_backward(q, k, v, g, g_gamma, gk, do, dht, initial_state, cu_seqle
     if n_rows > 0:
         fused_recurrent_reduce_kernel[(cdiv(n_rows, BR),)](
             dq_part, dk_part, dg_part, dq, dk, dgate, n_rows, NV_Q, NV,
-            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4, **COMPILE_OPTIONS,
+            K=K, BR=BR, BK=cfg["BK"], GATE_GRAD=need_dgate, PER_CHANNEL=gk is not None, num_warps=4, **RECURRENT_OPTIONS,
         )
     du = column_sum(du_part, u.dtype).view(u.shape) if u is not None else None
     return dq, dk, dv, dgate, dh0, du
