@@ -536,7 +536,7 @@ def _descriptors(k: torch.Tensor, v: torch.Tensor, c: Blocks, varlen: bool):
     sequences (a box would run into the next sequence, where the pointer loads mask),
     head dims that are not powers of two (a box would read the next head's columns),
     targets before sm90 (no TMA; the interpreter emulates them), rows not 16-byte aligned."""
-    if not c.descriptors or varlen or _arch.CAPTURING_LAUNCHES:
+    if not c.descriptors or varlen:
         return None, None
     if not (_arch.is_interpreter() or _arch.target_arch() >= 90):
         return None, None
