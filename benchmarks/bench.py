@@ -15,6 +15,14 @@ report gives each side's median over the rounds, and the ratio (peer / ours: abo
 ours is faster) as the median of the per-round ratios with their min-max, since single
 runs on the same machine kind moved by up to 1.6x.
 
+Where the peer has several calls for the same work (``peer_variants``: SDPA's flash, cuDNN
+and efficient backends and its default dispatch, against ``parallel_attn``), each is a side
+of its own in the same interleaved rounds, and the peer's time in a round is the fastest of
+them that round: the ratio is against the best the platform offers. Each variant's own
+median and ratio are listed under the table. Attention's layout is counted alike on both
+sides: inputs and output ``[B, T, H, D]``, which SDPA reads as ``[B, H, T, D]`` through
+strides (no copy before or after the call); a copy a backend makes inside is in its time.
+
 Beside the ratio: ours as a fraction of the op's floor, the larger of a memory floor (the
 bytes the op must move once: its inputs and outputs, and for the backward its inputs, the
 output gradients and the input gradients, over the device copy bandwidth measured at the
@@ -63,8 +71,8 @@ WIDE_V = dict(B=4, T=4096, H=6, K=256, V=512)
 MODULE = dict(B=8, T=4096, H=32, D=128)
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
-# Softmax attention: dense causal against SDPA's flash backend (every head its own k and v
-# on both sides), packed sequences of mixed lengths against the peer's varlen kernel with
+# Softmax attention: dense causal against every SDPA backend (every head its own k and v
+# on both sides; the ratio against the fastest), packed sequences of mixed lengths against the peer's varlen kernel with
 # grouped heads (HKV = 4).
 ATTENTION = dict(B=4, T=4096, H=16, HKV=4, D=128, lengths=(512, 3584, 4096, 1024, 2048, 5120))
 HGRN = dict(B=4, T=4096, D=2048)
@@ -85,6 +93,9 @@ class Bench:
     build: Callable | None = None      # obj = build(resolved): e.g. a module, built once outside the timing
     peer_build: Callable | None = None
     flops: Callable[[], tuple[float, float]] | None = None  # (forward, forward+backward) FLOPs, chunked ops
+    # several calls of the peer (e.g. SDPA's backends), label -> call: each is a side of its
+    # own ("peer <label>"), and the peer's time is the fastest of them each round
+    peer_variants: dict[str, Callable] | None = None
     notes: list = field(default_factory=list)
 
 
@@ -270,14 +281,27 @@ def attention_flops(varlen: bool):
     return count
 
 
-def call_sdpa_flash(fn, kwargs):
-    """SDPA restricted to its flash backend; [B, T, H, D] read as [B, H, T, D] through
-    strides, no copy either way."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+# SDPA's backends as torch.nn.attention.SDPBackend names them; "default": no context, the
+# backend SDPA's own dispatch picks (what a user gets)
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "default": None}
 
-    q, k, v = (kwargs[n].transpose(1, 2) for n in ("q", "k", "v"))
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return fn(q, k, v, is_causal=True).transpose(1, 2)
+
+def sdpa_call(backend: str | None):
+    """SDPA, dense causal, restricted to ``backend`` (an ``SDPBackend`` name; None: its own
+    dispatch). Both sides take and return ``[B, T, H, D]``: SDPA reads the inputs as
+    ``[B, H, T, D]`` through strides and its output goes back the same way, no copy on
+    either side of the call; a copy the backend makes inside (a layout it does not take)
+    is part of its time, as it is of a user's."""
+    def call(fn, kwargs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = (kwargs[n].transpose(1, 2) for n in ("q", "k", "v"))
+        if backend is None:
+            return fn(q, k, v, is_causal=True).transpose(1, 2)
+        with sdpa_kernel(getattr(SDPBackend, backend)):
+            return fn(q, k, v, is_causal=True).transpose(1, 2)
+
+    return call
 
 
 # GatedDeltaNet layer: hidden 2048, 16 heads of 128 (value heads of 128), B=4, T=4096
@@ -365,7 +389,9 @@ BENCHES = [
     Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
     Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), call=call_conv, peer_call=call_conv),
     Bench("parallel_attn_vs_sdpa", "kernels.parallel_attn", "torch.nn.functional.scaled_dot_product_attention", attention_inputs(False), ("q", "k", "v"),
-          peer_call=call_sdpa_flash, flops=attention_flops(False), notes=["peer: torch SDPA, flash backend, dense causal"]),
+          flops=attention_flops(False), peer_variants={name: sdpa_call(backend) for name, backend in SDPA_BACKENDS.items()},
+          notes=["peer: torch SDPA, dense causal, each backend (flash, cudnn, efficient) and the default dispatch; "
+                 "ratio against the fastest each round"]),
     Bench("parallel_attn_varlen", "kernels.parallel_attn", "fla.ops.attn.parallel_attn", attention_inputs(True), ("q", "k", "v"), flops=attention_flops(True)),
     Bench("chunk_rwkv6", "kernels.chunk_rwkv6", "fla.ops.rwkv6.chunk_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u"), flops=chunk_flops()),
     Bench("fused_recurrent_rwkv6", "kernels.fused_recurrent_rwkv6", "fla.ops.rwkv6.fused_recurrent_rwkv6", rwkv6_inputs, ("r", "k", "v", "w", "u")),
@@ -462,6 +488,13 @@ class Side:
         return inputs + outputs, 2 * inputs + 2 * outputs + grads_out
 
 
+def side_specs(b: Bench) -> list:
+    """(side name, dotted path, call, build) of ours and of the peer, or of each peer variant."""
+    peers = ([(PEER_VARIANT + label, call) for label, call in b.peer_variants.items()] if b.peer_variants
+             else [("peer", b.peer_call)])
+    return [("ours", b.ours, b.call, b.build)] + [(name, b.peer, call, b.peer_build) for name, call in peers]
+
+
 def make_side(path, call, build, kwargs, grads, warm_backward=True) -> tuple[Side | None, dict]:
     """Resolve, build and warm one side (its first calls compile and autotune, untimed)."""
     state = {}
@@ -507,11 +540,29 @@ def time_rounds(sides: dict, mode: str, rounds: int, warmup_ms: int, rep_ms: int
     return samples
 
 
+PEER_VARIANT = "peer "  # a peer variant's side: "peer <label>"
+
+
+def _ratio_of(peer: list, ours: list) -> dict:
+    ratios = [p / o for p, o in zip(peer, ours)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
 def summarize(samples: dict) -> dict:
+    """Per side its median and min-max over the rounds; the ratio peer / ours per round.
+    With peer variants the peer's time each round is the fastest variant's that round
+    (``peer``), ``fastest_peer`` the variant of the lowest median, and ``peer_ratios``
+    each variant's own ratio."""
+    variants = {n.removeprefix(PEER_VARIANT): s for n, s in samples.items() if n.startswith(PEER_VARIANT)}
+    if variants:
+        samples = {**samples, "peer": [min(times) for times in zip(*variants.values())]}
     out = {n: {"median_ms": statistics.median(s), "min_ms": min(s), "max_ms": max(s), "rounds_ms": s} for n, s in samples.items()}
     if "ours" in samples and "peer" in samples:
-        ratios = [p / o for p, o in zip(samples["peer"], samples["ours"])]
-        out["ratio"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        out["ratio"] = _ratio_of(samples["peer"], samples["ours"])
+    if variants:
+        out["fastest_peer"] = min(variants, key=lambda n: statistics.median(variants[n]))
+        if "ours" in samples:
+            out["peer_ratios"] = {n: _ratio_of(s, samples["ours"]) for n, s in variants.items()}
     return out
 
 
@@ -535,11 +586,14 @@ def bench_op(b: Bench, rounds: int, warm_only=False, warmup_ms=25, rep_ms=100, g
     row = {"op": b.name}
     kwargs = b.inputs()
     sides = {}
-    for name, path, call, build in (("ours", b.ours, b.call, b.build), ("peer", b.peer, b.peer_call, b.peer_build)):
+    specs = side_specs(b)
+    for name, path, call, build in specs:
         side, state = make_side(path, call, build, kwargs, b.grads)
         row[name] = state
         if side is not None:
             sides[name] = side
+    if b.peer_variants and not any(n.startswith(PEER_VARIANT) for n in sides):
+        row["peer"] = {"error": "every variant: " + row[specs[1][0]]["error"]}
     if warm_only or not sides:
         return row
     if "ours" in sides:
@@ -682,10 +736,11 @@ def _ms(x):
 
 
 def _cell(row, mode, side):
-    """A side's median, or why it has none."""
+    """A side's median, or why it has none; the peer's names its fastest variant."""
     timed = row.get(mode, {}).get(side)
     if timed:
-        return _ms(timed["median_ms"])
+        fastest = row[mode].get("fastest_peer") if side == "peer" else None
+        return _ms(timed["median_ms"]) + (f" ({fastest})" if fastest else "")
     state = row.get(side, {})
     why = (state.get("error") or (state.get("bwd_error") if mode.startswith("fwd_bwd") else None)
            or row.get(mode, {}).get("errors", {}).get(side) or row.get(mode, {}).get("error") or "-")
@@ -743,7 +798,21 @@ def format_table(report) -> str:
                 cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode),
                           _tflops(row, mode)]
             lines.append("| " + " | ".join(cells) + " |")
+    variant_lines = [_variant_line(row, mode) for row in report["rows"] for mode in MODES + GRAPH_MODES
+                     if row.get(mode, {}).get("peer_ratios")]
+    if variant_lines:
+        lines += ["", "Each peer variant: median ms, ratio to ours (median, min-max); the row's peer is the fastest each round:", "",
+                  *variant_lines]
     return "\n".join(lines)
+
+
+def _variant_line(row, mode) -> str:
+    timed = row[mode]
+    cells = [f"{name} {_ms(timed[PEER_VARIANT + name]['median_ms'])} ({r['median']:.2f}x, {r['min']:.2f}-{r['max']:.2f})"
+             for name, r in timed["peer_ratios"].items()]
+    failed = [f"{n.removeprefix(PEER_VARIANT)}: {_cell(row, mode, n)}" for n in row
+              if n.startswith(PEER_VARIANT) and n not in timed]
+    return f"- {row['op']} {mode}: ours {_ms(timed['ours']['median_ms'])}; " + "; ".join(cells + failed)
 
 
 def main():

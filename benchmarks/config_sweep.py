@@ -265,6 +265,33 @@ VARIANTS["parallel_attn_varlen"] = {
     "tables in order (before)": ("kernels.attention.parallel", "_blocks_grid",
                                  lambda base: lambda B, T, offsets, block, device, order=None: base(B, T, offsets, block, device)),
 }
+def _hgrn(chunk=None, NC=None):
+    """Override chunk_hgrn's configs: the chunk kernels' (BD, num_warps), the summary's maps a scan step."""
+    def wrap(base):
+        def configs(D):
+            cfg = dict(base(D))
+            if chunk:
+                cfg["chunk"] = dict(BD=chunk[0], num_warps=chunk[1])
+            if NC:
+                cfg["carry"] = dict(NC=NC)
+            return cfg
+        return configs
+    return ("kernels.hgrn.chunk", "configs", wrap)
+
+
+# memory-bound at D = 2048: wider channel blocks (fewer programs, longer rows a load),
+# narrower (more programs resident), and the summary's scan step
+VARIANTS["chunk_hgrn"] = {
+    "default": [],
+    "BD 128, 4 warps": _hgrn(chunk=(128, 4)),
+    "BD 128, 8 warps": _hgrn(chunk=(128, 8)),
+    "BD 64, 2 warps": _hgrn(chunk=(64, 2)),
+    "BD 64, 8 warps": _hgrn(chunk=(64, 8)),
+    "BD 32, 2 warps": _hgrn(chunk=(32, 2)),
+    "BD 32, 4 warps": _hgrn(chunk=(32, 4)),
+    "NC 4": _hgrn(NC=4),
+    "NC 16": _hgrn(NC=16),
+}
 # l2norm's backward has no parameter gradient: one row block a program, like the forward
 VARIANTS["l2norm"] = {
     "default": [],

@@ -34,7 +34,7 @@ import config_sweep  # noqa: E402
 def profile_line(name: str) -> None:
     b = next(x for x in bench.BENCHES if x.name == name)
     kwargs = b.inputs()
-    for label, path, call, build in (("ours", b.ours, b.call, b.build), ("peer", b.peer, b.peer_call, b.peer_build)):
+    for label, path, call, build in bench.side_specs(b):
         side, state = bench.make_side(path, call, build, kwargs, b.grads)
         if side is None:
             print(f"{name} {label}: {state.get('error')}")

@@ -15,8 +15,13 @@ cut by the diagonal, the window's edge or the sequence's end (masked). Blocks ou
 causal triangle or the window are never visited. The softmax is online: the running row
 maximum ``m``, the running sum ``l``, and the unnormalised output are rescaled as each
 block raises the maximum. Scores are kept in log2 units (``log2(e)`` is folded into the
-scale, so the exponentials are ``exp2``), products accumulate in fp32, and ``p`` goes to
-the second product in the input dtype (tensor cores). The program stores ``o`` and the
+scale, so the exponentials are ``exp2``); in the blocks without a mask the scale enters
+each exponent through one multiply-add (``s c - m``, the block's maximum being the raw
+maximum times ``c = |scale| log2(e)``; a negative scale's sign is carried by q, exactly).
+Products accumulate in fp32, and ``p`` goes to the second product in the input dtype
+(tensor cores). Where the config asks (``Blocks.descriptors``) the forward reads k and v
+through tensor descriptors (TMA on sm90 and newer), for fixed-length batches with
+power-of-two head dims; pointer loads otherwise. The program stores ``o`` and the
 row's logsumexp ``lse = m + log2(l)`` (log2 units, float32) for the backward.
 
 Backward, with ``delta_i = do_i . o_i`` (``attn_bwd_delta_kernel``)::
@@ -171,38 +176,68 @@ def _allowed(rows, keys, L, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constex
 
 
 @triton.jit
+def _key_tiles(k_blk, v_blk, k_desc, v_desc, desc_row, n0, L, K_ROW: tl.constexpr, V_ROW: tl.constexpr,
+               D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+               MASKED: tl.constexpr, USE_DESC: tl.constexpr):
+    """Key block ``n0``'s k and v tiles. ``k_blk``/``v_blk`` point at the tiles of the
+    sequence's first key block; with ``USE_DESC`` the tiles come through tensor descriptors
+    over ``[B, T, heads * D]`` instead (TMA on sm90: keys past the sequence's end read as
+    zero; ``desc_row`` = (sequence, first column))."""
+    if USE_DESC:
+        kb = k_desc.load([desc_row[0], n0, desc_row[1] * D]).reshape(BN, BD)
+        vb = v_desc.load([desc_row[0], n0, desc_row[1] * DV]).reshape(BN, BDV)
+    else:
+        keys = n0 + tl.arange(0, BN)
+        shift = tl.cast(n0, tl.int64)
+        kb = _tile_load(k_blk + shift * K_ROW, keys < L, tl.arange(0, BD) < D, MASKED, BD != D)
+        vb = _tile_load(v_blk + shift * V_ROW, keys < L, tl.arange(0, BDV) < DV, MASKED, BDV != DV)
+    return kb, vb
+
+
+@triton.jit
+def _log2_scores(s, rows, keys, L, window, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr):
+    """Scores ``s`` in log2 units, ``-inf`` where masked."""
+    s = s * qk_scale
+    if MASKED:
+        s = tl.where(_allowed(rows, keys, L, window, CAUSAL, HAS_WINDOW), s, float("-inf"))
+    return s
+
+
+@triton.jit
 def _key_block(qb, k_blk, v_blk, n0, rows, L, window, qk_scale, K_ROW: tl.constexpr, V_ROW: tl.constexpr,
                D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Key block ``n0``'s k and v tiles and the scores ``[BM, BN]`` of query rows ``rows``
-    against it, in log2 units (``-inf`` where masked). ``k_blk``/``v_blk`` point at the
-    tiles of the sequence's first key block."""
-    keys = n0 + tl.arange(0, BN)
-    shift = tl.cast(n0, tl.int64)
-    kb = _tile_load(k_blk + shift * K_ROW, keys < L, tl.arange(0, BD) < D, MASKED, BD != D)
-    vb = _tile_load(v_blk + shift * V_ROW, keys < L, tl.arange(0, BDV) < DV, MASKED, BDV != DV)
-    s = mm(qb, tl.trans(kb)) * qk_scale
-    if MASKED:
-        s = tl.where(_allowed(rows, keys, L, window, CAUSAL, HAS_WINDOW), s, float("-inf"))
+    against it, in log2 units (``-inf`` where masked)."""
+    kb, vb = _key_tiles(k_blk, v_blk, k_blk, v_blk, (0, 0), n0, L, K_ROW, V_ROW, D, DV, BN, BD, BDV, MASKED, False)
+    s = _log2_scores(mm(qb, tl.trans(kb)), rows, n0 + tl.arange(0, BN), L, window, qk_scale, MASKED, CAUSAL,
+                     HAS_WINDOW)
     return kb, vb, s
 
 
 @triton.jit
-def _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, rows, n_lo, n_hi, L, window, qk_scale,
+def _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, k_desc, v_desc, desc_row, rows, n_lo, n_hi, L, window, qk_scale,
               K_ROW: tl.constexpr, V_ROW: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr,
               BD: tl.constexpr, BDV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-              HAS_WINDOW: tl.constexpr):
-    """Online softmax over key blocks ``[n_lo, n_hi)``."""
+              HAS_WINDOW: tl.constexpr, USE_DESC: tl.constexpr):
+    """Online softmax over key blocks ``[n_lo, n_hi)``. ``qk_scale >= 0`` (the sign of the
+    scale is in ``qb``): a whole block's maximum is the raw scores' maximum times it, and
+    each exponent one multiply-add (``s qk_scale - m``), not a scaled tile and a subtract."""
     for n0 in range(n_lo, n_hi, BN):
-        kb, vb, s = _key_block(qb, k_blk, v_blk, n0, rows, L, window, qk_scale, K_ROW, V_ROW, D, DV, BN, BD, BDV,
-                               MASKED, CAUSAL, HAS_WINDOW)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        kb, vb = _key_tiles(k_blk, v_blk, k_desc, v_desc, desc_row, n0, L, K_ROW, V_ROW, D, DV, BN, BD, BDV, MASKED,
+                            USE_DESC)
+        s = mm(qb, tl.trans(kb))
         if MASKED:
+            s = _log2_scores(s, rows, n0 + tl.arange(0, BN), L, window, qk_scale, MASKED, CAUSAL, HAS_WINDOW)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf; subtract 0 instead (-inf - -inf is NaN)
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_new_safe[:, None])
         else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_new_safe = m_new
-        p = tl.exp2(s - m_new_safe[:, None])
+            p = tl.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = mm_acc(p.to(vb.dtype), vb, acc * alpha[:, None])
@@ -212,16 +247,18 @@ def _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, rows, n_lo, n_hi, L, window, qk_s
 
 @triton.jit
 def attn_fwd_kernel(
-    q, k, v, o, lse, block_map, cu_seqlens, scale, window, T, TOTAL,
+    q, k, v, o, lse, k_desc, v_desc, block_map, cu_seqlens, scale, window, T, TOTAL,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr,
+    NEGATIVE_SCALE: tl.constexpr, USE_DESC: tl.constexpr,
 ):
     i_block = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
     i_hkv = i_h // (H // HKV)
     bos, L, m0 = _block_origin(i_block, block_map, cu_seqlens, T, BM, IS_VARLEN, CAUSAL and not IS_VARLEN)
-    qk_scale = scale * 1.4426950408889634  # log2(e): scores in log2 units, exponentials as exp2
+    # log2(e): scores in log2 units, exponentials as exp2; the scale's sign goes into q (exact)
+    qk_scale = tl.abs(scale) * 1.4426950408889634
 
     rows = m0 + tl.arange(0, BM)
     c_d = tl.arange(0, BD) < D
@@ -229,20 +266,26 @@ def attn_fwd_kernel(
     row_ok = rows < L
     q_tile = _tile_ptrs(q, bos + m0, i_h, H, D, BM, BD)
     qb = _tile_load(q_tile, row_ok, c_d, True, BD != D)
+    if NEGATIVE_SCALE:
+        qb = -qb
     k_blk = _tile_ptrs(k, bos, i_hkv, HKV, D, BN, BD)
     v_blk = _tile_ptrs(v, bos, i_hkv, HKV, DV, BN, BDV)
+    if USE_DESC:
+        desc_row = ((bos // T).to(tl.int32), i_hkv.to(tl.int32))  # fixed length: bos is a multiple of T
+    else:
+        desc_row = (0, 0)
 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, BDV], dtype=tl.float32)
     lo, a, b, hi = _key_segments(m0, L, window, BM, BN, CAUSAL, HAS_WINDOW)
     if HAS_WINDOW:
-        acc, m_i, l_i = _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, rows, lo, a, L, window, qk_scale,
-                                  HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW)
-    acc, m_i, l_i = _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, rows, a, b, L, window, qk_scale,
-                              HKV * D, HKV * DV, D, DV, BN, BD, BDV, False, CAUSAL, HAS_WINDOW)
-    acc, m_i, l_i = _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, rows, b, hi, L, window, qk_scale,
-                              HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW)
+        acc, m_i, l_i = _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, k_desc, v_desc, desc_row, rows, lo, a, L, window,
+                                  qk_scale, HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
+    acc, m_i, l_i = _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, k_desc, v_desc, desc_row, rows, a, b, L, window,
+                              qk_scale, HKV * D, HKV * DV, D, DV, BN, BD, BDV, False, CAUSAL, HAS_WINDOW, USE_DESC)
+    acc, m_i, l_i = _fwd_keys(acc, m_i, l_i, qb, k_blk, v_blk, k_desc, v_desc, desc_row, rows, b, hi, L, window,
+                              qk_scale, HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
 
     # rows past the sequence's end (never stored) may have seen nothing: keep them finite
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -406,6 +449,9 @@ class Blocks:
     BN: int  # key rows per block
     num_warps: int
     num_stages: int
+    # forward only: k and v tiles through tensor descriptors (TMA on sm90 and newer), where
+    # ``_descriptors`` allows them; pointer loads otherwise
+    descriptors: bool = False
 
 
 @dataclass(frozen=True)
@@ -484,6 +530,29 @@ def _blocks_grid(B: int, T: int, offsets_host, block: int, device, order: str = 
     return table.shape[0], table
 
 
+def _descriptors(k: torch.Tensor, v: torch.Tensor, c: Blocks, varlen: bool):
+    """Tensor descriptors of k and v as ``[B, T, heads * dim]`` with ``[1, BN, dim]`` boxes,
+    or (None, None) where the config does not ask for them or they cannot be used: packed
+    sequences (a box would run into the next sequence, where the pointer loads mask),
+    head dims that are not powers of two (a box would read the next head's columns),
+    targets before sm90 (no TMA; the interpreter emulates them), rows not 16-byte aligned."""
+    if not c.descriptors or varlen:
+        return None, None
+    if not (_arch.is_interpreter() or _arch.target_arch() >= 90):
+        return None, None
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None, None
+    B, T, HKV, D = k.shape
+    DV = v.shape[3]
+    if D != block_size(D) or DV != block_size(DV) or any(t.data_ptr() % 16 or (HKV * t.shape[3] * t.element_size()) % 16
+                                                         for t in (k, v)):
+        return None, None
+    return tuple(TensorDescriptor(t.view(B, T, HKV * t.shape[3]), [B, T, HKV * t.shape[3]],
+                                  [T * HKV * t.shape[3], HKV * t.shape[3], 1], [1, c.BN, t.shape[3]]) for t in (k, v))
+
+
 def _window_arg(window_size, T: int):
     """The window as the kernels take it: None where it cannot cut anything (``i - j < T``
     always holds), which drops the masked window segments."""
@@ -505,10 +574,12 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opti
     c = cfg.fwd
     rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
     if rows > 0:
+        k_desc, v_desc = _descriptors(k, v, c, cu_seqlens is not None)
         attn_fwd_kernel[(rows, H)](
-            q, k, v, o, lse, table, cu_seqlens, scale, window or 0, T, B * T,
+            q, k, v, o, lse, k_desc, v_desc, table, cu_seqlens, scale, window or 0, T, B * T,
             H=H, HKV=HKV, D=D, DV=DV, BM=c.BM, BN=c.BN, BD=block_size(D), BDV=block_size(DV),
             CAUSAL=causal, HAS_WINDOW=window is not None, IS_VARLEN=cu_seqlens is not None,
+            NEGATIVE_SCALE=scale < 0, USE_DESC=k_desc is not None,
             num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     return (o,), (lse,) if keep else ()

@@ -1,5 +1,6 @@
 """parallel_attn beyond the generic checks: many packed sequences (80,000 of 16 tokens,
-which overflowed a grid axis elsewhere) and the configs every target arch gets.
+which overflowed a grid axis elsewhere), the configs every target arch gets, the forward's
+descriptor loads, and scales of either sign or zero.
 
 On a GPU the packed batch runs and its first and last sequences are compared with the
 float64 reference; in a compile-only session its launches are captured (nothing runs) and
@@ -9,13 +10,16 @@ their grids checked against CUDA's limits; under the interpreter, which would ru
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import reference
 from kernels import parallel_attn
 from kernels import _arch
-from kernels.attention.parallel import _blocks_grid, attention_configs
+import kernels.attention.parallel as attention
+from kernels.attention.parallel import Blocks, _blocks_grid, attention_configs
 from pytest_fla.capture import MAX_GRID, capture_launches
 from pytest_fla.checks import numeric_device
 from pytest_fla.tolerance import assert_close
@@ -98,3 +102,34 @@ def test_packed_tables_put_the_heaviest_causal_blocks_first():
     # key blocks: blocks after it in its sequence, more queries that see it
     assert [5 - c if n == 2 else 3 - c for n, c in tables[EARLY_FIRST]] == [5, 4, 3, 3, 2, 2, 1, 1]
     assert tables[LATE_FIRST][:2] == [(2, 4), (2, 3)] and tables[EARLY_FIRST][0] == (2, 0)
+
+
+@pytest.mark.parametrize("descriptors", [False, True])
+@pytest.mark.parametrize("scale", [0.3, -0.4, 0.0])
+@pytest.mark.parametrize("causal, window_size", [(True, None), (False, None), (True, 7), (False, 9)])
+def test_descriptor_loads_and_signed_scales(monkeypatch, descriptors, scale, causal, window_size):
+    """The forward's unmasked blocks take the scale's magnitude in one multiply-add and its
+    sign in q; its k and v tiles come through tensor descriptors where the config asks
+    (boxes past the sequence's end read zeros). Both against the float64 reference, at a
+    length that leaves a partial block and with grouped heads, forward and backward."""
+    device = numeric_device()
+    if device.type != "cuda" and not _arch.is_interpreter():
+        pytest.skip("numeric check: needs a GPU or the interpreter")
+    base = attention_configs
+    monkeypatch.setattr(attention, "attention_configs", lambda D, DV, dtype: dataclasses.replace(
+        base(D, DV, dtype), fwd=Blocks(32, 16, 4, 2, descriptors), dkdv=Blocks(16, 32, 4, 2), dq=Blocks(32, 16, 4, 2)))
+    if descriptors and device.type == "cuda" and _arch.target_arch() < 90:
+        pytest.skip("tensor descriptors: sm90 and newer")
+    torch.manual_seed(0)
+    B, T, H, HKV, D = 2, 37, 2, 1, 16
+    q, k, v = (torch.randn(B, T, heads, D, device=device) for heads in (H, HKV, HKV))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o = parallel_attn(*leaves, scale=scale, causal=causal, window_size=window_size)
+    do = torch.randn_like(o)
+    o.backward(do)
+    refs = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = reference.attention(*refs, scale=scale, causal=causal, window_size=window_size)
+    ref.backward(do.double())
+    assert_close("o", o, ref, "fp32")
+    for name, ours, theirs in zip("qkv", leaves, refs):
+        assert_close(f"d{name}", ours.grad, theirs.grad, "fp32")
