@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import pytest
 
-from . import checks
-from .registry import over_specs, spec_param
+from . import generic
+from ..ops.registry import over_specs, spec_param
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -66,17 +66,17 @@ def one_per_spec(where=lambda spec: True):
 
 @over_specs("spec,dtype,case", case_params("forward"))
 def test_forward(spec, dtype, case, fla_device):
-    checks.check_forward(spec, case, dtype, fla_device, checks.seed_for(spec.name, dtype, case.name))
+    generic.check_forward(spec, case, dtype, fla_device, generic.seed_for(spec.name, dtype, case.name))
 
 
 @over_specs("spec,dtype,case", case_params("backward", where=lambda spec: bool(spec.grads)))
 def test_backward(spec, dtype, case, fla_device):
-    seed = checks.seed_for("backward", spec.name, dtype, case.name)
-    checks.check_backward(spec, spec.sample(case, dtype, fla_device, seed), dtype, seed)
+    seed = generic.seed_for("backward", spec.name, dtype, case.name)
+    generic.check_backward(spec, spec.sample(case, dtype, fla_device, seed), dtype, seed)
 
 
 def _varlen_params(specs):
-    from .packings import packings
+    from ..ops.packings import packings
 
     return [
         spec_param(spec, dtype, packing, id_parts=(dtype, packing.name, str(packing.index_dtype).replace("torch.", "")))
@@ -90,7 +90,7 @@ def _varlen_params(specs):
 @over_specs("spec,dtype,packing", _varlen_params)
 def test_varlen(spec, dtype, packing, fla_device):
     case = spec.cases[0]
-    checks.check_varlen(spec, case, packing, dtype, fla_device, checks.seed_for("varlen", spec.name, dtype, packing.name))
+    generic.check_varlen(spec, case, packing, dtype, fla_device, generic.seed_for("varlen", spec.name, dtype, packing.name))
 
 
 def _state_dtype_params(specs):
@@ -106,15 +106,15 @@ def _state_dtype_params(specs):
 @over_specs("spec,dtype,state_dtype", _state_dtype_params)
 def test_state_dtype(spec, dtype, state_dtype, fla_device):
     """An initial state in bf16 or fp16 (``OpSpec.state_dtypes``), against the reference."""
-    checks.check_state_dtype(spec, dtype, state_dtype, fla_device, checks.seed_for("state", spec.name, dtype, state_dtype))
+    generic.check_state_dtype(spec, dtype, state_dtype, fla_device, generic.seed_for("state", spec.name, dtype, state_dtype))
 
 
 @over_specs("spec,dtype,case", case_params("agreement", ("fp32", "bf16"), where=lambda spec: spec.agrees_with is not None))
 def test_chunk_vs_recurrent(spec, dtype, case, fla_device, request):
-    from .registry import by_name
+    from ..ops.registry import by_name
 
     other = by_name(request.config)[spec.agrees_with]
-    checks.check_agreement(spec, other, case, dtype, fla_device, checks.seed_for("agree", spec.name, dtype, case.name))
+    generic.check_agreement(spec, other, case, dtype, fla_device, generic.seed_for("agree", spec.name, dtype, case.name))
 
 
 def _error_params(specs):
@@ -132,7 +132,7 @@ def _error_params(specs):
 def test_error_inputs(spec, error_name, fla_device):
     small = spec.at_small_dims()
     error = next(e for e in small.errors(small, fla_device) if e.name == error_name)
-    checks.check_error_input(spec, error, fla_device)
+    generic.check_error_input(spec, error, fla_device)
 
 
 def _mismatch_lengths(spec):
@@ -150,19 +150,19 @@ def _mismatch_params(specs):
 
 @over_specs("spec,arg", _mismatch_params)
 def test_device_mismatch(spec, arg, fla_device):
-    from .error_inputs import wrong_device
-    from .spec import ErrorInput
+    from ..ops.error_inputs import wrong_device
+    from ..ops.spec import ErrorInput
 
     small = spec.at_small_dims()
     sample = small.sample(small.cases[0], "fp32", fla_device, lengths=_mismatch_lengths(spec))
     sample.kwargs[arg] = sample.kwargs[arg].to(wrong_device(fla_device))
     expected = ErrorInput(f"{arg}_wrong_device", sample.kwargs, ValueError, f"`{arg}`.* on |on .*`{arg}`")
-    checks.check_error_input(spec, expected, fla_device)
+    generic.check_error_input(spec, expected, fla_device)
 
 
 @over_specs("spec", one_per_spec())
 def test_every_output_written(spec, fla_device):
-    checks.check_every_output_written(spec, spec.cases[0], "fp32", fla_device, checks.seed_for("poison", spec.name))
+    generic.check_every_output_written(spec, spec.cases[0], "fp32", fla_device, generic.seed_for("poison", spec.name))
 
 
 def _deterministic_params(specs):
@@ -173,7 +173,7 @@ def _deterministic_params(specs):
 def test_deterministic(spec, dtype, fla_device):
     if fla_device.type != "cuda":
         pytest.skip("the interpreter runs a grid's programs one after another, so only a GPU can reorder them")
-    checks.check_deterministic(spec, spec.cases[0], dtype, fla_device, checks.seed_for("det", spec.name, dtype))
+    generic.check_deterministic(spec, spec.cases[0], dtype, fla_device, generic.seed_for("det", spec.name, dtype))
 
 
 # Under compute-sanitizer a launch of over 65535 programs ran for minutes (parallel_attn's:
@@ -186,7 +186,7 @@ HUGE_GRID_PLAIN_ONLY = ("a launch of over 65535 programs runs for minutes under 
 @pytest.mark.fla_plain_only(reason=HUGE_GRID_PLAIN_ONLY)
 @over_specs("spec", one_per_spec(lambda spec: spec.huge_grid is not None))
 def test_huge_grid(spec, fla_device):
-    checks.check_huge_grid(spec, "bf16" if fla_device.type == "cuda" else "fp32", fla_device, checks.seed_for("huge", spec.name))
+    generic.check_huge_grid(spec, "bf16" if fla_device.type == "cuda" else "fp32", fla_device, generic.seed_for("huge", spec.name))
 
 
 # The smallest GPU the 2**31-element case is tried on (the check then measures its own
@@ -205,11 +205,11 @@ def test_int64_offsets(spec, fla_device):
     if total < INT64_MIN_BYTES:
         pytest.skip(f"needs about {INT64_MIN_BYTES >> 30} GiB of GPU memory for tensors over 2**31 elements, "
                     f"the GPU has {total / 2**30:.0f} GiB")
-    checks.check_int64_offsets(spec, fla_device, checks.seed_for("int64", spec.name))
+    generic.check_int64_offsets(spec, fla_device, generic.seed_for("int64", spec.name))
 
 
 @over_specs("spec", one_per_spec(lambda spec: spec.varlen))
 def test_no_host_sync(spec, fla_device):
     if fla_device.type != "cuda":
         pytest.skip("device-to-host syncs exist only with a GPU")
-    checks.check_no_host_sync(spec, fla_device, checks.seed_for("sync", spec.name))
+    generic.check_no_host_sync(spec, fla_device, generic.seed_for("sync", spec.name))

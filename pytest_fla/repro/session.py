@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import targets
+from .. import targets
 
 
 def session_device() -> str:

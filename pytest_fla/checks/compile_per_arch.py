@@ -3,7 +3,7 @@
 ``test_compile[<op>-<fwd|bwd>-<arch>]`` runs the op on CPU tensors under launch capture
 for every compile case (realistic sizes) and dtype, forward or backward, with the
 target's configs (``FLA_TARGET_ARCH``), then compiles every distinct launch for the
-arch and checks it against the arch's limits (``pytest_fla.capture``). A repository
+arch and checks it against the arch's limits (``pytest_fla.checks.capture``). A repository
 gets the test by importing it into one of its test modules::
 
     from pytest_fla.compile_check import test_compile  # noqa: F401
@@ -25,8 +25,8 @@ first compile case draws its initial state in the run's dtype where the op takes
 from __future__ import annotations
 
 from .capture import COMPILED_IN_PROCESS, CompileResult, assert_compiles, capture_launches
-from .registry import over_specs
-from .targets import ALL_ARCHS, arch_name, parse_arch
+from ..ops.registry import over_specs
+from ..targets import ALL_ARCHS, arch_name, parse_arch
 
 DIRECTIONS = ("fwd", "bwd")
 COMPILE_DTYPES = ("bf16", "fp32")
@@ -57,7 +57,7 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
     """The launches of ``spec``'s op (``fwd``, or the ``bwd`` launches alone) over its compile cases."""
     import torch
 
-    from .checks import cotangents, differentiable
+    from .generic import cotangents, differentiable
 
     launches = []
     with capture_launches(arch) as recorder:
@@ -122,7 +122,7 @@ def test_compile(spec, direction, arch, request):
 
 def scope_and_dtypes(config) -> tuple[str, tuple[str, ...]]:
     """The run's compile scope and dtypes: the options', or a quick run's where not given."""
-    from . import quick
+    from ..collection import quick
 
     option = config.getoption
     fast = option("fla_quick", False)
