@@ -3,7 +3,7 @@
 (``docs/plugin-api.md``).
 
 ``--fla-impl`` picks whose kernels the specs call: ``kernels`` (this repo's, the
-default) or ``fla`` (the peer library, fla-core: ``pytest_fla/peer.py``).
+default) or ``fla`` (the peer library, fla-core: ``pytest_fla/specs/peer.py``).
 """
 
 import pytest
@@ -18,7 +18,7 @@ def pytest_fla_specs(config):
 
         return all_specs()
     if impl == "fla":
-        from pytest_fla.peer import peer_specs
+        from pytest_fla.specs.peer import peer_specs
 
         return peer_specs()
     raise pytest.UsageError(f"--fla-impl={impl}: this repository checks {' or '.join(IMPLEMENTATIONS)}")
@@ -29,6 +29,6 @@ def pytest_configure(config):
     # fla-core allocates with torch.empty: poison torch's allocators for its run (this
     # repo's own kernels read kernels._utils.POISON_ALLOCATIONS, the ini's setting)
     if config.getoption("fla_impl") == "fla":
-        from pytest_fla import poison
+        from pytest_fla.checks import poison
 
         poison.configure(["torch"])

@@ -5,7 +5,7 @@ JSON (each test's duration in the worker that ran it):
 
 prints, per check, the tests, their seconds (the sum, and its share of the run's), the median
 and the largest, and where the report has them, the seconds of each part of the tests' work
-(``pytest_fla.time_split``: drawing inputs, the float64 reference, compiling and loading
+(``pytest_fla.report.time_split``: drawing inputs, the float64 reference, compiling and loading
 kernels); with ``--check``, the same per op within that check. A check whose median is
 far above what its work needs points at the inputs it builds, not at the kernels (the
 error-input checks at GPU sizes: ``benchmarks/results/README.md``).

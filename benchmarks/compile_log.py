@@ -4,7 +4,7 @@
     python benchmarks/compile_log.py compiles.jsonl [--earlier EARLIER.jsonl]
 
 Every isolated test child appends one line per Triton compile call to ``FLA_COMPILE_LOG``
-(``pytest_fla.launches``): pid, kernel, key (source, specialisation and options), seconds,
+(``pytest_fla.running.launches``): pid, kernel, key (source, specialisation and options), seconds,
 end time. A key's first call to end is the compile that filled the cache; a call of the same
 key that began before that one ended found no cache entry either and compiled it again (a
 duplicate); a call that began after found it (a hit, fast). Prints the totals and the kernels

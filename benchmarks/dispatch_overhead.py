@@ -23,7 +23,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 from triton.runtime.jit import KernelInterface  # noqa: E402
 
-from pytest_fla.checks import differentiable  # noqa: E402
+from pytest_fla.checks.generic import differentiable  # noqa: E402
 from pytest_fla.specs import all_specs  # noqa: E402
 
 import host_timing  # noqa: E402  (beside this file)
@@ -50,7 +50,7 @@ def _custom_op_calls(spec, kwargs, grad_kwargs):
     (no ``kernels._library`` here, or a layer making several calls)."""
     try:
         from kernels import _library
-        from pytest_fla.torch_compile_checks import recorded_calls
+        from pytest_fla.checks.torch_compile import recorded_calls
     except ImportError:
         return None
     with recorded_calls() as calls, no_launches():

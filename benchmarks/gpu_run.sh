@@ -195,7 +195,7 @@ PY
       done
     done > "$LOGS/children.log" 2>&1 & child_log=$!
     # 40 s before the first step's limit, every isolated child writes its Python stacks to its
-    # stderr (SIGUSR1: pytest_fla.isolation; a child still importing holds the signal until its
+    # stderr (SIGUSR1: pytest_fla.running.isolation; a child still importing holds the signal until its
     # handler is registered); the stacks of those still running are kept. Only
     # the Python children: compute-sanitizer, whose command line holds theirs, dies of SIGUSR1
     first_limit=${FLA_STEP_LIMITS:-x:120}; first_limit=${first_limit%% *}; first_limit=${first_limit##*:}

@@ -4,7 +4,7 @@ kernel, its config, grid, shared memory, and from ``ptxas -v`` its registers and
     FLA_TARGET_ARCH=sm90 python benchmarks/kernel_report.py chunk_gla [--bwd] [--size B,T,H,K,V] [--variant NAME]
                                                                [--dump DIR]
 
-The op runs on CPU tensors under launch capture (``pytest_fla.capture``), at the benchmark
+The op runs on CPU tensors under launch capture (``pytest_fla.checks.capture``), at the benchmark
 size by default, with the target arch's configs; every distinct launch is compiled for that
 arch. Spilled registers (local memory) and launches per call are what this is for; with
 ``--dump`` each kernel's TTGIR and PTX go to DIR, and the report counts its layout
@@ -60,9 +60,9 @@ def main():
         config_sweep.apply(args.op, args.variant)
 
     from kernels._arch import parse_arch, target_arch
-    from pytest_fla.capture import compile_launch
-    from pytest_fla.compile_check import capture_op
-    from pytest_fla.spec import Case
+    from pytest_fla.checks.capture import compile_launch
+    from pytest_fla.checks.compile_per_arch import capture_op
+    from pytest_fla.ops.spec import Case
     from pytest_fla.specs import all_specs
 
     arch = parse_arch(os.environ.get("FLA_TARGET_ARCH") or target_arch())

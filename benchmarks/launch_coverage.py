@@ -7,7 +7,7 @@ A cold GPU run spends most of its time compiling (benchmarks/results/README.md, 
 On a native GPU the compile checks write to the numeric checks' Triton cache, so run first
 they would warm it, for the kernels whose compile identity (kernel, specialised signature,
 constexprs, attributes, options: ``capture.Launch.key``) both sides share. Each op runs on
-CPU tensors under launch capture (``pytest_fla.capture``), at the GPU sizes of its cases
+CPU tensors under launch capture (``pytest_fla.checks.capture``), at the GPU sizes of its cases
 (``Case.gpu_dims``): the forward and backward checks' cases in bf16 and fp32, and the
 varlen check's packings (both index types, the packed run and each sequence alone); against
 the compile checks' compile cases. Printed per op: the distinct compiles of each side and
@@ -38,8 +38,8 @@ def _capture(spec, arch: int, samples, backward: bool) -> set:
     (``checks.run_with_grads``: the forward with gradients, then the backward)."""
     import torch
 
-    from pytest_fla.capture import capture_launches
-    from pytest_fla.checks import differentiable, run_with_grads
+    from pytest_fla.checks.capture import capture_launches
+    from pytest_fla.checks.generic import differentiable, run_with_grads
 
     with capture_launches(arch) as recorder:
         for sample in samples:
@@ -61,9 +61,9 @@ def _runs(case, check: str) -> bool:
 
 def run_launches(spec, arch: int) -> set:
     """What the GPU run's forward, backward and varlen checks compile."""
-    from pytest_fla.checks import sequence_slice
-    from pytest_fla.packings import packings
-    from pytest_fla.spec import Sample
+    from pytest_fla.checks.generic import sequence_slice
+    from pytest_fla.ops.packings import packings
+    from pytest_fla.ops.spec import Sample
 
     keys = set()
     for dtype in DTYPES:
@@ -87,9 +87,9 @@ def run_launches(spec, arch: int) -> set:
 
 
 def compile_check_launches(spec, arch: int) -> set:
-    """What the compile checks compile: ``compile_check.capture_op``'s launches, both
+    """What the compile checks compile: ``compile_per_arch.capture_op``'s launches, both
     directions, in the default scope (every distinct launch)."""
-    from pytest_fla.compile_check import capture_op
+    from pytest_fla.checks.compile_per_arch import capture_op
 
     keys = _keys(capture_op(spec, arch, "fwd", DTYPES))
     return keys | (_keys(capture_op(spec, arch, "bwd", DTYPES)) if spec.grads else set())

@@ -2,7 +2,7 @@
 
 Each test record carries when it began (its setup, in the child that ran it), which xdist
 worker ran it, its duration there, and its child processes' wall seconds (plain, and under
-compute-sanitizer). Grouped into the batches the plugin ran (``pytest_fla.distribute``),
+compute-sanitizer). Grouped into the batches the plugin ran (``pytest_fla.running.distribute``),
 that is a timeline per worker:
 
     python benchmarks/run_timeline.py benchmarks/results/<dir>/<report>.json[.gz] [--collected ids.txt]
@@ -21,7 +21,7 @@ import collections
 import gzip
 import json
 
-from pytest_fla.distribute import batch_keys
+from pytest_fla.running.distribute import batch_keys
 
 
 def load(path: str) -> list[dict]:

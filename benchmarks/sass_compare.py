@@ -44,7 +44,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from pytest_fla.capture import capture_launches, compile_launch
+    from pytest_fla.checks.capture import capture_launches, compile_launch
     from pytest_fla.specs import all_specs
 
     wanted = args.ops.split(",")

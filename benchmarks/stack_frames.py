@@ -7,7 +7,7 @@ a process keep on a GPU.
 A launch of a kernel with a stack frame grows its CUDA context's per-thread stack limit to
 that frame, and the driver backs the limit with local memory for every thread the GPU can
 hold (2048 a multiprocessor since Volta), kept until the limit is set again or the process
-ends (``pytest_fla/gpu_memory.py``). Reads every cubin of a Triton cache directory with the
+ends (``pytest_fla/running/gpu_memory.py``). Reads every cubin of a Triton cache directory with the
 ``cuobjdump`` that Triton ships (``--dump-resource-usage``) and prints, largest frame
 first, the frame (STACK plus LOCAL bytes a thread), registers, warps and stages, and the
 local memory a GPU of ``--sms`` multiprocessors (132: the H100 SXM) reserves for it.

@@ -34,7 +34,7 @@ def changed_files(base: str) -> list[str]:
 def op_files(arch: int = 90) -> dict[str, set[str]]:
     """op name -> repo-relative source files of the kernels it launches (and its entry point)."""
     os.environ.pop("TRITON_INTERPRET", None)
-    from pytest_fla.compile_check import capture_op
+    from pytest_fla.checks.compile_per_arch import capture_op
     from pytest_fla.specs import all_specs
 
     files: dict[str, set[str]] = {}

@@ -18,7 +18,7 @@ and imports the checks into a test module::
 
 from __future__ import annotations
 
-from .builders import (
+from .ops.builders import (
     GRID_AXIS_LIMIT,
     HUGE_GRID_DIMS,
     INT64_DIMS,
@@ -27,7 +27,7 @@ from .builders import (
     linear_attention_spec,
     op_spec,
 )
-from .error_inputs import (
+from .ops.error_inputs import (
     VARLEN_MESSAGES,
     ErrorFactory,
     chain_errors,
@@ -41,11 +41,11 @@ from .error_inputs import (
     wrong_device,
     zero_heads_errors,
 )
-from .inputs import GATE_NORMALIZER, Arg, cu_seqlens_for, draw, make_factory
-from .packings import Packing, packings
-from .spec import Case, ErrorInput, OpSpec, Sample, SampleFactory
-from .tolerance import AGREEMENT, BACKWARD, FORWARD, Tolerance, assert_close
-from .tolerance import errors as measured_errors
+from .ops.inputs import GATE_NORMALIZER, Arg, cu_seqlens_for, draw, make_factory
+from .ops.packings import Packing, packings
+from .ops.spec import Case, ErrorInput, OpSpec, Sample, SampleFactory
+from .checks.tolerance import AGREEMENT, BACKWARD, FORWARD, Tolerance, assert_close
+from .checks.tolerance import errors as measured_errors
 
 __all__ = [
     # describing an op

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from . import targets
-from .poison import poisoned
+from .checks.poison import poisoned
 
 GRID_LIMIT = 65535  # CUDA's cap on grid axes 1 and 2
 
@@ -30,7 +30,7 @@ def fla_chunk_size() -> int:
 def parametrize_cu_seqlens(metafunc) -> None:
     """Parametrize ``cu_seqlens`` over packing x index dtype (names are read at collection,
     so that importing the plugin does not import torch)."""
-    from .packings import packings
+    from .ops.packings import packings
 
     names = [p.name for p in packings(DEFAULT_CHUNK_SIZE)]
     params = [(name, dtype) for name in names for dtype in INDEX_DTYPES]
@@ -39,7 +39,7 @@ def parametrize_cu_seqlens(metafunc) -> None:
 
 @pytest.fixture
 def cu_seqlens(request, fla_chunk_size):
-    """A variable-length packing (``pytest_fla.packings.Packing``: ``.name``, ``.lengths``,
+    """A variable-length packing (``pytest_fla.ops.packings.Packing``: ``.name``, ``.lengths``,
     ``.index_dtype``), for offsets built with e.g. ``spec.sample(..., lengths=p.lengths)``.
 
     Parametrized over every packing (one sequence, equal lengths, lengths 1 and
@@ -50,7 +50,7 @@ def cu_seqlens(request, fla_chunk_size):
 
     import torch
 
-    from .packings import packings
+    from .ops.packings import packings
 
     name, dtype = request.param
     packing = next(p for p in packings(fla_chunk_size) if p.name == name)
@@ -192,7 +192,7 @@ def fla_poison_allocations(request):
     """Fill every buffer the library under test allocates with NaN (-1 for integers)
     during the test, so an output element a kernel forgot to write cannot pass for a
     plausible value. What is poisoned is the ini option ``fla_poison``
-    (``pytest_fla.poison``: ``torch``'s allocators by default, or a flag the library's
+    (``pytest_fla.checks.poison``: ``torch``'s allocators by default, or a flag the library's
     allocation helper reads, as this repo's ``kernels._utils:POISON_ALLOCATIONS``).
 
     Active for tests of an op (``fla_op`` marker); elsewhere only for a flag whose module
@@ -203,11 +203,11 @@ def fla_poison_allocations(request):
 
 @pytest.fixture
 def fla_device(request):
-    """The device the numeric checks run on (``pytest_fla.devices.numeric_device``): the
+    """The device the numeric checks run on (``pytest_fla.running.devices.numeric_device``): the
     GPU, held shared with the other workers' checks on it (the few that need most of its
     memory hold it alone and wait for these), or the CPU under the interpreter. Skips
     a ``dtype`` parameter that cannot be checked there, saying why."""
-    from .devices import dtype_skip_reason, numeric_device
+    from .running.devices import dtype_skip_reason, numeric_device
 
     device = numeric_device()
     dtype = request.node.callspec.params.get("dtype") if hasattr(request.node, "callspec") else None
@@ -217,7 +217,7 @@ def fla_device(request):
     if device.type != "cuda":
         yield device
         return
-    from . import gpu_share
+    from .running import gpu_share
 
     with gpu_share.for_device(device).shared():
         yield device

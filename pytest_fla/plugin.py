@@ -7,7 +7,7 @@ Processes of a run:
   target it runs the tests itself, with several it starts one xdist worker per target
   (``-n N``: N for a target that runs the numeric checks); under ``--fla-arch=fleet`` it
   probes the hosts of the user's ``--tx`` gateways and starts one worker per GPU on each
-  (``fleet.py``);
+  (``running/fleet.py``);
 * a worker runs every test under its own target (``FLA_RUN_TARGET`` and friends), or its
   share of them (``FLA_SHARD``);
 * a child (``--fla-child``) runs a batch of tests for ``--fla-isolate`` or the sanitizer
@@ -25,10 +25,15 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import (compile_check, distribute, fleet, gpu_memory, interpreter, poison, projects, quick, registry, repro,
-               sanitizer, targets, time_split, toolchain)
 from . import report as run_report
-from .devices import is_interpreter
+from . import repro, sanitizer, targets
+from .checks import compile_per_arch, poison
+from .collection import projects, quick
+from .ops import registry
+from .report import time_split
+from .running import distribute, fleet, gpu_memory
+from .running.devices import is_interpreter
+from .targets import interpreter, toolchain
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
     device_mismatch,
@@ -131,11 +136,11 @@ def pytest_addoption(parser):
         "--fla-quick",
         action="store_true",
         help="a first run in minutes: each check once per op (its first case, fp32), every error input, every "
-        "kernel compiled once per arch in bf16; no tests of no op, no reproducers (pytest_fla/quick.py)",
+        "kernel compiled once per arch in bf16; no tests of no op, no reproducers (pytest_fla/collection/quick.py)",
     )
     group.addoption(
         "--fla-compile-scope",
-        choices=compile_check.SCOPES,
+        choices=compile_per_arch.SCOPES,
         default=None,
         help="what the compile checks compile for each arch: every distinct launch an op makes over its "
         "compile cases and dtypes (launches, the default), or each kernel once per dtype, its first launch "
@@ -146,7 +151,7 @@ def pytest_addoption(parser):
         "--fla-compile-dtypes",
         default=None,
         metavar="DTYPES",
-        help=f"the dtypes the compile checks run each op in (default {','.join(compile_check.COMPILE_DTYPES)}; "
+        help=f"the dtypes the compile checks run each op in (default {','.join(compile_per_arch.COMPILE_DTYPES)}; "
         f"{quick.COMPILE_DTYPES} with --fla-quick)",
     )
     group.addoption(
@@ -233,7 +238,7 @@ def pytest_configure(config):
         poison.configure(config.getini(poison.INI))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
-    compile_check.scope_and_dtypes(config)  # a usage error before any test
+    compile_per_arch.scope_and_dtypes(config)  # a usage error before any test
     role = _role(config)
     state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
     if config.option.fla_sanitizer and role != "child":
@@ -249,14 +254,14 @@ def pytest_configure(config):
     state.isolate = config.option.fla_isolate or ("batch" if state.tools else "none")
     if role == "child":
         state.isolate = "none"
-        from .isolation import ChildReporter
+        from .running.isolation import ChildReporter
 
         config.pluginmanager.register(ChildReporter(config, config.option.fla_child), "fla-child")
     config.stash[repro.SANITIZER_TOOLS] = state.tools
     if is_interpreter():
         interpreter.skip_repeated_patching()
     if state.target is not None and state.target.mode == targets.EMULATED:
-        from .emulation import enforce_shared_memory_limit
+        from .targets.emulation import enforce_shared_memory_limit
 
         enforce_shared_memory_limit(targets.SHARED_MEMORY_LIMIT[state.target.arch])
     if role == "controller":
@@ -268,7 +273,7 @@ def pytest_configure(config):
     if _splits_test_time(config, role):
         # of each test's time, what went to compiling kernels and loading them, from Triton's
         # import on (a process whose tests never import it does not pay for its import)
-        from .launches import time_kernels_from_import
+        from .running.launches import time_kernels_from_import
 
         time_kernels_from_import()
     config.stash[RUN] = state
@@ -301,7 +306,7 @@ def pytest_report_header(config):
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
-                     f"(pytest_fla/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
+                     f"(pytest_fla/targets/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
     return lines
 
 
@@ -402,7 +407,7 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
     if state.tools:
-        from .sanitizing import skipped_under_tools
+        from .sanitizer.reruns import skipped_under_tools
 
         for item in keep:
             reason = skipped_under_tools(config, item)
@@ -438,7 +443,7 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     state = item.config.stash[RUN]
-    from . import gpu_share
+    from .running import gpu_share
 
     # patient where no check that shares the GPU follows in this process; a child knows only
     # its own batch, not the tests its worker runs after it: never patient
@@ -448,8 +453,8 @@ def pytest_runtest_protocol(item, nextitem):
         return None
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
         return None  # skipped at setup: nothing to isolate
-    from .isolation import COUNT_LAUNCHES_ENV, replay, run_batch
-    from .sanitizing import Verdict, skipped_under_tools, verdicts
+    from .running.isolation import COUNT_LAUNCHES_ENV, replay, run_batch
+    from .sanitizer.reruns import Verdict, skipped_under_tools, verdicts
 
     if state.tools and skipped_under_tools(item.config, item):
         return None  # skipped here, by its marker: no child for it
@@ -474,7 +479,7 @@ def _batch(item, nextitem, state) -> list:
     """``item`` and the tests of its batch (or module) still to run in this process (under
     xdist: the ones queued to this worker, and the next one, which xdist has already taken
     off the queue)."""
-    from .sanitizing import skipped_under_tools
+    from .sanitizer.reruns import skipped_under_tools
 
     items = item.session.items
     if state.batch_keys is None:

@@ -1,29 +1,5 @@
-"""Helpers for reproducer code in ``tests/repro/``: where to put its tensors."""
+"""Helpers for reproducer code at the path reproducers import them from
+(``pytest_fla.repro_helpers.session_device()``, ``docs/plugin-api.md``). They live in
+:mod:`pytest_fla.repro.session`; this module only keeps that import path."""
 
-from __future__ import annotations
-
-from . import targets
-
-
-def session_device() -> str:
-    """``"cuda"`` where the session's target runs kernels on a GPU, else ``"cpu"``
-    (the interpreter, or capture in compile-only mode)."""
-    target = targets.current_target()
-    if target is not None and target.mode in (targets.NATIVE, targets.EMULATED):
-        return "cuda"
-    if target is None:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cpu"
-
-
-def other_device(device: str) -> str:
-    """A device the kernels' inputs are not on: the CPU for CUDA inputs, ``meta`` for CPU ones."""
-    return "cpu" if str(device).startswith("cuda") else "meta"
-
-
-def target_arch() -> int:
-    """The session target's compute capability (80 for sm80); sm80 under the interpreter."""
-    target = targets.current_target()
-    return target.arch if target is not None and target.arch else 80
+from .repro.session import other_device, session_device, target_arch  # noqa: F401

@@ -57,4 +57,4 @@ def test_the_check_sees_a_dangling_citation():
     elsewhere = "SPEC" + ".md"  # (spelled apart, or this file would cite it)
     assert not resolves(elsewhere, page, {"README.md"})
     assert DOCUMENT.findall(f"the contract ({elsewhere}, Layers) and $LOGS/errors.md") == [elsewhere]
-    assert REPO_PATH.findall("see `pytest_fla/targets.py`; not /tmp/pytest_fla/x.py") == ["pytest_fla/targets.py"]
+    assert REPO_PATH.findall("see `pytest_fla/targets/__init__.py`; not /tmp/pytest_fla/x.py") == ["pytest_fla/targets/__init__.py"]

@@ -42,3 +42,106 @@ def test_the_scan_sees_every_form_of_import():
               "def f():\n    import pytest_fla.api as api\nfrom . import _arch\nimport pytest_flat\n")
     modules = sorted(module for _, module in imported_modules(source))
     assert modules == ["pytest_fla", "pytest_fla.api", "pytest_fla.targets", "pytest_flat"]
+
+
+# The plugin's packages, lowest first: a module imports from its own package or a lower
+# one (a lazy import in a function body included). Above them all stand the plugin's entry
+# (plugin, fixtures, hookspec, __main__) and the modules that keep a public import path
+# (conformance, compile_check, repro_helpers), which may import any of them.
+PLUGIN_LAYERS = (
+    ("targets",),      # which archs a run checks, in which mode; the toolchain
+    ("report",),       # the end-of-run report, and where a test's time goes
+    ("running",),      # where and in which processes the tests run: devices, isolation, xdist, fleet
+    ("ops",),          # describing ops: specs, inputs, error inputs, packings, the registry
+    ("collection",),   # which tests a run collects and keeps (--fla-quick, nested projects)
+    ("checks",),       # the checks over every spec, and the suites that parametrize them
+    ("sanitizer",),    # compute-sanitizer: its command and reports, the tests re-run under it
+    ("repro",),        # bug reports as tests
+    ("api", "mutation"),  # the stable API for spec modules; mutation testing of the checks
+    ("specs",),        # this repository's op specs (through the API, like any repository's)
+)
+ENTRY_MODULES = ("plugin", "fixtures", "hookspec", "__main__", "conformance", "compile_check", "repro_helpers")
+
+
+def plugin_module_imports() -> dict[str, set[str]]:
+    """For every module of the plugin (``pytest_fla.x.y``), the plugin modules it imports;
+    ``from . import x`` counts as an import of the module ``x``."""
+    package_root = ROOT / PLUGIN
+    found: dict[str, set[str]] = {}
+    for path in sorted(package_root.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        here = parts if is_package else parts[:-1]
+        name = ".".join(parts)
+        imports = found.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                if module.split(".")[0] != PLUGIN:
+                    continue
+                if module != name:  # ``from . import x`` in a package's own __init__
+                    imports.add(module)
+                for alias in node.names:
+                    named = f"{module}.{alias.name}".split(".")
+                    if (ROOT.joinpath(*named).with_suffix(".py").is_file()
+                            or (ROOT.joinpath(*named) / "__init__.py").is_file()):
+                        imports.add(".".join(named))
+            elif isinstance(node, ast.Import):
+                imports.update(alias.name for alias in node.names if alias.name.split(".")[0] == PLUGIN)
+    return found
+
+
+def layer_of(module: str) -> int | None:
+    """The index of ``module``'s package in ``PLUGIN_LAYERS``; ``None`` for the package root
+    and the entry modules."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    for index, names in enumerate(PLUGIN_LAYERS):
+        if parts[1] in names:
+            return index
+    assert parts[1] in ENTRY_MODULES, f"{module}: in no layer of PLUGIN_LAYERS and not an entry module"
+    return len(PLUGIN_LAYERS)
+
+
+def test_every_plugin_package_has_a_layer():
+    packages = {path.parent.name for path in (ROOT / PLUGIN).glob("*/__init__.py")}
+    modules = {path.stem for path in (ROOT / PLUGIN).glob("*.py")} - {"__init__"}
+    layered = {name for names in PLUGIN_LAYERS for name in names}
+    assert packages | modules == layered | set(ENTRY_MODULES)
+
+
+def test_the_plugin_packages_import_downwards():
+    upward = [f"{module} imports {imported}"
+              for module, imports in plugin_module_imports().items()
+              for imported in sorted(imports)
+              if (layer_of(module) is not None and layer_of(imported) is not None
+                  and layer_of(imported) > layer_of(module))]
+    assert not upward, "a plugin module imports from a higher layer:\n" + "\n".join(upward)
+
+
+def test_the_plugin_modules_import_without_a_cycle():
+    graph = plugin_module_imports()
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        if module in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(module):] + (module,)))
+        if module in done:
+            return
+        for imported in sorted(graph.get(module, ())):
+            if imported != PLUGIN and not module.startswith(imported + "."):  # a package's own root
+                visit(imported, path + (module,))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
+
+
+def test_the_layer_rule_sees_an_upward_import():
+    assert layer_of("pytest_fla.targets.toolchain") < layer_of("pytest_fla.checks.generic")
+    assert layer_of("pytest_fla.plugin") == len(PLUGIN_LAYERS)
+    assert layer_of(PLUGIN) is None

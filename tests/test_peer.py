@@ -1,4 +1,4 @@
-"""The peer library's adapters (``pytest_fla/peer.py``): how a call is translated, that
+"""The peer library's adapters (``pytest_fla/specs/peer.py``): how a call is translated, that
 every op of this repo has a counterpart or says why not, and, where fla-core is
 installed, that each adapter matches the peer's signature."""
 
@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from pytest_fla import peer
+from pytest_fla.specs import peer
 from pytest_fla.specs import all_specs
 
 NO_COUNTERPART = {"gated_delta_net": "fla-core 0.6.0 ships no layers package"}
@@ -20,7 +20,7 @@ HAS_PEER = importlib.util.find_spec("fla") is not None
 
 def test_every_op_has_a_peer_adapter_or_a_reason():
     missing = [s.name for s in all_specs() if s.name not in peer.ADAPTERS and s.name not in NO_COUNTERPART]
-    assert not missing, f"no fla-core adapter for {missing}: add one to pytest_fla/peer.py (or a reason here)"
+    assert not missing, f"no fla-core adapter for {missing}: add one to pytest_fla/specs/peer.py (or a reason here)"
 
 
 @pytest.fixture

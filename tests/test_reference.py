@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import reference as ref
-from pytest_fla.checks import sequence_slice
-from pytest_fla.inputs import cu_seqlens_for
-from pytest_fla.spec import Sample
+from pytest_fla.checks.generic import sequence_slice
+from pytest_fla.ops.inputs import cu_seqlens_for
+from pytest_fla.ops.spec import Sample
 from pytest_fla.specs import reference_specs
 
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import kernels
-from pytest_fla.registry import SpecError, validate
+from pytest_fla.ops.registry import SpecError, validate
 from pytest_fla.specs import all_specs, family_modules
 
 # Public names of `kernels` that are not ops of their own, and what checks them instead.

@@ -1,4 +1,4 @@
-"""torch.compile over every op spec (``pytest_fla.torch_compile_checks``): opcheck of the custom
+"""torch.compile over every op spec (``pytest_fla.checks.torch_compile``): opcheck of the custom
 ops, compiled == eager under ``fullgraph=True, dynamic=True`` at two lengths with one
 compile (varlen too), and CUDA graphs on a GPU. Ids read ``test_<check>[<op>]``.
 """
@@ -6,9 +6,9 @@ compile (varlen too), and CUDA graphs on a GPU. Ids read ``test_<check>[<op>]``.
 import pytest
 import torch
 
-from pytest_fla.devices import numeric_device
-from pytest_fla.torch_compile_checks import *  # noqa: F401,F403
-from pytest_fla.torch_compile_checks import counting_graphs
+from pytest_fla.running.devices import numeric_device
+from pytest_fla.checks.torch_compile import *  # noqa: F401,F403
+from pytest_fla.checks.torch_compile import counting_graphs
 
 
 @pytest.mark.fla_op("fused_recurrent_delta_rule")

@@ -44,7 +44,7 @@ def pytest_collection_finish(session):
         return
     import torch
 
-    from ..registry import session_specs
+    from ..ops.registry import session_specs
     from .sites import reached_by
 
     config = session.config

@@ -165,8 +165,8 @@ def reached_by(spec, device, root: Path) -> dict[str, list[int]]:
 
     import torch
 
-    from ..checks import differentiable, run_with_grads
-    from ..packings import packings
+    from ..checks.generic import differentiable, run_with_grads
+    from ..ops.packings import packings
 
     recorder = interpreted_lines if os.environ.get("TRITON_INTERPRET") == "1" else compiled_lines
     samples = []

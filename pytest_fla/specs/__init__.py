@@ -4,7 +4,8 @@ nothing else).
 
 This repo's ``conftest.py`` hands them to the plugin through the ``pytest_fla_specs``
 hook, the same way another repository registers its own (``docs/plugin-api.md``).
-Modules whose name starts with ``_``, and ``common`` (shared pieces), hold no specs.
+Modules whose name starts with ``_``, ``common`` (shared pieces) and ``peer`` (these specs
+with the peer library's kernels, ``--fla-impl=fla``) hold no family's specs.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..spec import OpSpec
+from ..ops.spec import OpSpec
 
-NOT_FAMILIES = ("common",)
+NOT_FAMILIES = ("common", "peer")
 
 
 def family_modules() -> tuple[str, ...]:

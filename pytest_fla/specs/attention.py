@@ -14,8 +14,8 @@ from typing import Iterable
 
 import torch
 
-from ..inputs import Arg, make_factory
-from ..spec import Case, ErrorInput, OpSpec, Sample
+from ..ops.inputs import Arg, make_factory
+from ..ops.spec import Case, ErrorInput, OpSpec, Sample
 from .common import HUGE_GRID_DIMS, INT64_DIMS, scale_errors, shape_errors, varlen_errors, with_args, zero_heads_errors
 
 ARGS = {

@@ -17,8 +17,8 @@ from typing import Iterable
 
 import torch
 
-from ..inputs import Arg, make_factory
-from ..spec import Case, ErrorInput, OpSpec, Sample
+from ..ops.inputs import Arg, make_factory
+from ..ops.spec import Case, ErrorInput, OpSpec, Sample
 from .common import INT64_DIMS, varlen_errors, with_args
 
 ARGS = {

@@ -15,10 +15,10 @@ from typing import Iterable
 
 import torch
 
-from ..builders import LOW_PRECISION_STATES, huge_grid_dims, op_spec
-from ..error_inputs import dtype_errors, state_dtype_errors, varlen_errors, with_args, zero_heads_errors
-from ..inputs import Arg, make_factory
-from ..spec import Case, ErrorInput, OpSpec, Sample
+from ..ops.builders import LOW_PRECISION_STATES, huge_grid_dims, op_spec
+from ..ops.error_inputs import dtype_errors, state_dtype_errors, varlen_errors, with_args, zero_heads_errors
+from ..ops.inputs import Arg, make_factory
+from ..ops.spec import Case, ErrorInput, OpSpec, Sample
 
 TOKENS = ("B", "T", "H", "D")
 DEFAULT_WIDTH = 4

@@ -8,9 +8,9 @@ kernel spec always wins, ``specs.reference_specs``); its entry here can then go.
 
 from __future__ import annotations
 
-from ..builders import op_spec
-from ..inputs import Arg
-from ..spec import Case
+from ..ops.builders import op_spec
+from ..ops.inputs import Arg
+from ..ops.spec import Case
 from .common import STATE
 
 SMALL = {"B": 2, "T": 24, "H": 2, "K": 16, "V": 24}

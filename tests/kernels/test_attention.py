@@ -20,9 +20,9 @@ from kernels import parallel_attn
 from kernels import _arch
 import kernels.attention.parallel as attention
 from kernels.attention.parallel import Blocks, _blocks_grid, attention_configs
-from pytest_fla.capture import MAX_GRID, capture_launches
-from pytest_fla.checks import numeric_device
-from pytest_fla.tolerance import assert_close
+from pytest_fla.checks.capture import MAX_GRID, capture_launches
+from pytest_fla.checks.generic import numeric_device
+from pytest_fla.checks.tolerance import assert_close
 
 N_SEQUENCES, LENGTH = 80_000, 16
 

@@ -30,7 +30,7 @@ from kernels._utils import chunk_map
 from kernels.delta_rule._chunk_common import CHUNK, choose_configs
 from kernels._triangular import unit_lower_inverse
 from kernels.delta_rule.chunk_fwd import chunk_fwd
-from pytest_fla.devices import numeric_device
+from pytest_fla.running.devices import numeric_device
 
 BT = CHUNK
 

@@ -29,7 +29,7 @@ import reference
 from kernels._utils import chunk_map
 from kernels.dplr.chunk import CHUNK, choose_configs
 from kernels.dplr.chunk_fwd import chunk_fwd
-from pytest_fla.checks import numeric_device
+from pytest_fla.checks.generic import numeric_device
 
 BT = CHUNK
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 import reference
 from kernels import fused_recurrent_delta_rule, fused_recurrent_gated_delta_rule, fused_recurrent_kda
 from kernels.delta_rule.fused_recurrent import backward_config, checkpoint_interval
-from pytest_fla.devices import numeric_device
-from pytest_fla.launches import observe_launches
-from pytest_fla.tolerance import assert_close
+from pytest_fla.running.devices import numeric_device
+from pytest_fla.running.launches import observe_launches
+from pytest_fla.checks.tolerance import assert_close
 
 
 @pytest.fixture

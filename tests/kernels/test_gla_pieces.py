@@ -13,7 +13,7 @@ import reference
 from kernels import chunk_gla
 from kernels._arch import is_interpreter
 from kernels.gla import chunk as gla_chunk
-from pytest_fla.tolerance import BACKWARD, FORWARD
+from pytest_fla.checks.tolerance import BACKWARD, FORWARD
 
 pytestmark = pytest.mark.skipif(
     not (is_interpreter() or torch.cuda.is_available()), reason="needs a GPU or TRITON_INTERPRET=1"

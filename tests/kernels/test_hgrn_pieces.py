@@ -15,7 +15,7 @@ from kernels import chunk_hgrn, fused_recurrent_hgrn
 from kernels._arch import is_interpreter
 from kernels.hgrn import chunk as hgrn_chunk
 from kernels.hgrn.scan import affine_scan
-from pytest_fla.tolerance import assert_close
+from pytest_fla.checks.tolerance import assert_close
 
 pytestmark = pytest.mark.skipif(
     not (is_interpreter() or torch.cuda.is_available()), reason="needs a GPU or TRITON_INTERPRET=1"

@@ -25,8 +25,8 @@ from kernels import chunk_kda
 from kernels._utils import chunk_map
 from kernels.delta_rule._chunk_common import CHUNK
 from kernels.delta_rule.chunk_kda import kda_fwd
-from pytest_fla.checks import numeric_device
-from pytest_fla.tolerance import BACKWARD, FORWARD, errors
+from pytest_fla.checks.generic import numeric_device
+from pytest_fla.checks.tolerance import BACKWARD, FORWARD, errors
 
 BT = CHUNK
 TINY = 1e-30

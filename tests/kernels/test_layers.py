@@ -1,6 +1,6 @@
 """``kernels.layers.GatedDeltaNet`` (the module) against its float64 composition of the
 references (``reference.layers.gated_delta_net``), forward and backward through the
-input and every parameter, under the tolerance rule of ``pytest_fla/tolerance.py``.
+input and every parameter, under the tolerance rule of ``pytest_fla/checks/tolerance.py``.
 
 The functional form has a spec (``pytest_fla/specs/layers.py``) and so the generic
 checks; here it is the module: its parameters reach the function, its gradients reach
@@ -14,8 +14,8 @@ import torch
 
 import reference
 from kernels.layers import GatedDeltaNet
-from pytest_fla.checks import cotangents, dtype_skip_reason, numeric_device
-from pytest_fla.tolerance import assert_close
+from pytest_fla.checks.generic import cotangents, dtype_skip_reason, numeric_device
+from pytest_fla.checks.tolerance import assert_close
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -142,7 +142,7 @@ def test_token_masses_are_the_per_token_terms_of_the_reduced_gradients():
     reference called with one copy per token gives terms that sum to the ordinary float64
     gradient, and their magnitudes' sum bounds it; on this sample the sums cancel (the
     condition number ``sum|terms| / |sum|`` is above 1), which is why the rule exists."""
-    from pytest_fla.checks import run_with_grads, token_masses
+    from pytest_fla.checks.generic import run_with_grads, token_masses
     from pytest_fla.specs.layers import GATED_DELTA_NET as spec
 
     sample = spec.sample(spec.cases[0], "fp32", "cpu", seed=0)
@@ -156,7 +156,7 @@ def test_token_masses_are_the_per_token_terms_of_the_reduced_gradients():
         assert torch.all(mass >= ref.abs() * (1 - 1e-12)), f"{name}: the terms' magnitudes must bound their sum"
         per_token = dict(sample.kwargs)
         per_token[name] = sample.kwargs[name].expand(*sample.kwargs["x"].shape[:2], *ref.shape)
-        from pytest_fla.spec import Sample
+        from pytest_fla.ops.spec import Sample
 
         _, terms, _ = run_with_grads(spec.reference_for("fp32"), Sample(per_token), [name], upstream, upcast=True)
         torch.testing.assert_close(terms[name].sum(dim=(0, 1)), ref, rtol=1e-12, atol=1e-12)

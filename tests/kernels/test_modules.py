@@ -16,9 +16,9 @@ from kernels import _partials
 from kernels import conv as conv_module
 from kernels import norm as norm_module
 from kernels.rotary import APPLY_ROTARY, ROTARY_EMBEDDING
-from pytest_fla.devices import numeric_device
-from pytest_fla.launches import observe_launches
-from pytest_fla.tolerance import assert_close
+from pytest_fla.running.devices import numeric_device
+from pytest_fla.running.launches import observe_launches
+from pytest_fla.checks.tolerance import assert_close
 
 DEVICE = numeric_device()
 

@@ -14,7 +14,7 @@ import reference
 from kernels import chunk_rwkv6, fused_recurrent_rwkv6
 from kernels._arch import is_interpreter
 from kernels.gla import chunk as gla_chunk
-from pytest_fla.tolerance import assert_close
+from pytest_fla.checks.tolerance import assert_close
 
 pytestmark = pytest.mark.skipif(
     not (is_interpreter() or torch.cuda.is_available()), reason="needs a GPU or TRITON_INTERPRET=1"

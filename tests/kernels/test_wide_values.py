@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fla import checks
-from pytest_fla.checks import dtype_skip_reason, numeric_device
-from pytest_fla.packings import packings
+from pytest_fla.checks import generic
+from pytest_fla.checks.generic import dtype_skip_reason, numeric_device
+from pytest_fla.ops.packings import packings
 from pytest_fla.specs import all_specs
 
 # op -> its case at value heads of 512
@@ -60,15 +60,15 @@ def test_varlen(op, packing, dtype):
         pytest.skip(f"the interpreter runs the {CPU_PACKING} packing at V = 512; every packing runs at the "
                     "narrower dims of the conformance suite, and at V = 512 on a GPU")
     spec = SPECS[op]
-    checks.check_varlen(spec, spec.case(CASES[op]), packing, dtype, numeric_device(),
-                        checks.seed_for("varlen", op, CASES[op], dtype, packing.name))
+    generic.check_varlen(spec, spec.case(CASES[op]), packing, dtype, numeric_device(),
+                        generic.seed_for("varlen", op, CASES[op], dtype, packing.name))
 
 
 @pytest.mark.parametrize("op", _op_params())
 def test_every_output_written(op):
     spec = SPECS[op]
-    checks.check_every_output_written(spec, spec.case(CASES[op]), "fp32", numeric_device(),
-                                      checks.seed_for("poison", op, CASES[op]))
+    generic.check_every_output_written(spec, spec.case(CASES[op]), "fp32", numeric_device(),
+                                      generic.seed_for("poison", op, CASES[op]))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -79,4 +79,4 @@ def test_deterministic(op, dtype):
         pytest.skip("the interpreter runs a grid's programs one after another, so only a GPU can reorder them")
     _skip_unless_runs(dtype)
     spec = SPECS[op]
-    checks.check_deterministic(spec, spec.case(CASES[op]), dtype, device, checks.seed_for("det", op, CASES[op], dtype))
+    generic.check_deterministic(spec, spec.case(CASES[op]), dtype, device, generic.seed_for("det", op, CASES[op], dtype))

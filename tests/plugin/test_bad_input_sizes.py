@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_fla import conformance
+from pytest_fla.checks import conformance
 from pytest_fla.api import Arg, Case, dtype_errors, op_spec
 
 SMALL = {"B": 2, "T": 5, "D": 8}

@@ -11,7 +11,7 @@ from plugin_testing import cpu_only, run
 PROJECT = '''
 import pytest, torch
 import faulty_kernels as fk
-from pytest_fla.capture import assert_compiles, capture_launches, check_launches
+from pytest_fla.checks.capture import assert_compiles, capture_launches, check_launches
 from pytest_fla.targets import ALL_ARCHS
 
 def per_arch(op):
@@ -71,7 +71,7 @@ def test_shared_memory_overflow_fails_sm86_only(project):
 def test_compile_error_text_names_the_innermost_cause():
     """Triton wraps the real error in a CompilationError per inlined function; the problem
     line must reach it (the first line alone, "at 12:16:", says nothing)."""
-    from pytest_fla.capture import compile_error_text
+    from pytest_fla.checks.capture import compile_error_text
 
     try:
         try:
@@ -91,7 +91,7 @@ def test_compile_error_text_names_the_innermost_cause():
 SCOPE_PROJECT = '''
 import pytest, torch
 import faulty_kernels as fk
-from pytest_fla.capture import check_launches, capture_launches
+from pytest_fla.checks.capture import check_launches, capture_launches
 
 @pytest.mark.fla_compile("sm80")
 def test_scopes():

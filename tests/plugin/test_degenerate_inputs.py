@@ -8,9 +8,9 @@ import itertools
 
 import torch
 
-from pytest_fla.inputs import Arg, make_factory
-from pytest_fla.packings import length_one_at_chunk_offsets, packings
-from pytest_fla.spec import Case
+from pytest_fla.ops.inputs import Arg, make_factory
+from pytest_fla.ops.packings import length_one_at_chunk_offsets, packings
+from pytest_fla.ops.spec import Case
 
 ARGS = {
     "q": Arg(("B", "T", "H", "K")),

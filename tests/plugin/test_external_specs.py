@@ -92,10 +92,10 @@ import alloc, torch
 @pytest.mark.fla_op("scale")
 def test_flag_set_and_torch_left_alone():
     assert alloc.POISON
-    assert torch.empty_like.__module__ != "pytest_fla.poison"
+    assert torch.empty_like.__module__ != "pytest_fla.checks.poison"
 
 def test_not_an_op_test():
-    assert torch.empty_like.__module__ != "pytest_fla.poison"
+    assert torch.empty_like.__module__ != "pytest_fla.checks.poison"
 ''')
     result = run(pytester, "-v", "test_flag.py")
     result.assert_outcomes(passed=2)

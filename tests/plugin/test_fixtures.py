@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from plugin_testing import cpu_only, run
-from pytest_fla.packings import packings
+from pytest_fla.ops.packings import packings
 
 PROJECT = '''
 import re, pytest, torch

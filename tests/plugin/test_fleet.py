@@ -18,8 +18,9 @@ import pytest
 
 from plugin_testing import GPU, run
 
-from pytest_fla import fleet, report
-from pytest_fla.fleet import Host, HostGpu
+from pytest_fla import report
+from pytest_fla.running import fleet
+from pytest_fla.running.fleet import Host, HostGpu
 from pytest_fla.targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE
 
 
@@ -104,7 +105,7 @@ def test_version_disagreement_names_each_version_and_its_hosts():
 
 
 def test_a_worker_spec_keeps_the_users_gateway_and_adds_the_workers_settings():
-    from pytest_fla.distribute import with_env
+    from pytest_fla.running.distribute import with_env
 
     spec = with_env("ssh=gpu-a//id=mine//python=/v/bin/python", {"FLA_FLEET_HOST": "gpu-a", "X": ""})
     assert spec == "ssh=gpu-a//python=/v/bin/python//env:FLA_FLEET_HOST=gpu-a//env:X="
@@ -112,7 +113,7 @@ def test_a_worker_spec_keeps_the_users_gateway_and_adds_the_workers_settings():
 
 def test_the_host_probe_answers_on_this_machine():
     """The probe execnet sends each host, run here: the real one, without a stand-in."""
-    from pytest_fla import fleet_probe
+    from pytest_fla.running import fleet_probe
 
     facts = fleet_probe.probe("FLA_FLEET_STAND_IN_UNSET")
     assert facts["error"] is None and facts["stand_in"] is None

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from plugin_testing import GPU, needs_gpu
 
-from pytest_fla import gpu_memory, gpu_share
-from pytest_fla.gpu_memory import other_holders
+from pytest_fla.running import gpu_memory, gpu_share
+from pytest_fla.running.gpu_memory import other_holders
 
 
 def _nvidia_smi(stdout: str = "", error: Exception | None = None):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pytest_fla.gpu_share import GpuShare, physical_gpu
+from pytest_fla.running.gpu_share import GpuShare, physical_gpu
 
 
 def _hold(directory, mode, seconds, log, start_after=0.0):
@@ -143,7 +143,7 @@ def test_a_failed_large_check_frees_its_tensors_before_its_error_is_kept():
 
     import torch
 
-    from pytest_fla.gpu_memory import released_on_error
+    from pytest_fla.running.gpu_memory import released_on_error
 
     held = []
 
@@ -171,7 +171,7 @@ import json
 
 import pytest
 
-from pytest_fla import gpu_share
+from pytest_fla.running import gpu_share
 
 
 def record(name):

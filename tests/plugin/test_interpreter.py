@@ -1,4 +1,4 @@
-"""The interpreter shortcut (pytest_fla/interpreter.py): a helper call inside a launch
+"""The interpreter shortcut (pytest_fla/targets/interpreter.py): a helper call inside a launch
 reuses the launch's patched ``triton.language`` instead of patching it again. Each check
 runs a small program under ``TRITON_INTERPRET=1`` in a fresh process, with and without
 the shortcut: the answers must agree, Triton's own patching must happen once per launch
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.runtime import interpreter
 
-from pytest_fla.interpreter import skip_repeated_patching
+from pytest_fla.targets.interpreter import skip_repeated_patching
 
 calls = []  # Triton's own patching, by the function it was for
 patch = interpreter._patch_lang

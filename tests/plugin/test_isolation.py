@@ -181,7 +181,7 @@ def test_the_report_times_each_tests_compiles_and_kernel_loads(pytester, monkeyp
     ([{"ready": 9.0}, {"done": 21.0}], (0.0, 0.0)),  # clocks that disagree stay within the child's time
 ])
 def test_a_childs_phases_from_its_events(events, split):
-    from pytest_fla.isolation import phases
+    from pytest_fla.running.isolation import phases
 
     assert phases(events, spawned=10.0, ended=20.0) == split
 
@@ -193,7 +193,7 @@ def test_a_childs_phases_from_its_events(events, split):
     ([{"configured": 0.0}, {"ready": 12.0}], 2.0),  # never more than the start-up
 ])
 def test_a_childs_collection_from_its_events(events, collecting):
-    from pytest_fla.isolation import collection_seconds
+    from pytest_fla.running.isolation import collection_seconds
 
     assert collection_seconds(events, startup=2.0) == collecting
 
@@ -202,7 +202,7 @@ def test_children_keep_bytecode_in_a_shared_cache_where_none_is_written_or_insta
     """Under PYTHONDONTWRITEBYTECODE, with torch installed without bytecode (the H100
     machine), every child compiled torch from source, 5 s a child: the children then
     write bytecode to one cache in the temp directory."""
-    from pytest_fla.isolation import bytecode_cache, installed_with_bytecode
+    from pytest_fla.running.isolation import bytecode_cache, installed_with_bytecode
 
     monkeypatch.syspath_prepend(str(tmp_path))
     for name, compiled in (("plain_package", False), ("compiled_package", True)):
@@ -285,7 +285,7 @@ def test_recorded_seconds_split_a_slow_check_into_batches():
     """A check's tests go in runs of BATCH_SECONDS recorded seconds (one test that alone
     passes it still makes a batch), and so do the small groups merged across ops; unrecorded
     tests count nothing, so without durations the batches are as before."""
-    from pytest_fla import distribute
+    from pytest_fla.running import distribute
 
     ids = [f"t.py::test_varlen[op-{i}]" for i in range(6)]
     limit = distribute.BATCH_SECONDS
@@ -317,7 +317,7 @@ def test_recorded_seconds_put_a_slow_check_in_several_children(pytester, monkeyp
     two (two tests each) when an earlier run recorded them at 0.4 BATCH_SECONDS apiece."""
     import json
 
-    from pytest_fla import distribute
+    from pytest_fla.running import distribute
 
     log = pytester.path / "runs.log"
     monkeypatch.setenv("FLA_TEST_RUN_LOG", str(log))
@@ -369,7 +369,7 @@ def test_a_child_writes_its_stacks_on_sigusr1(pytester):
 EARLY_SIGNAL_CHILD = """
 import sys, time
 sys.path.insert(0, {root!r})
-from pytest_fla.isolation import dump_stacks_on_signal
+from pytest_fla.running.isolation import dump_stacks_on_signal
 time.sleep(1.0)  # still starting (importing) when the signal comes
 dump_stacks_on_signal()
 time.sleep(0.5)
@@ -389,7 +389,7 @@ def test_a_child_signalled_before_its_handler_is_registered(tmp_path, held):
     import subprocess
     import sys
 
-    from pytest_fla.isolation import stacks_signal_held
+    from pytest_fla.running.isolation import stacks_signal_held
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = tmp_path / "child.py"
@@ -410,8 +410,9 @@ def test_the_float64_reference_counts_to_its_part_of_a_tests_time():
     run: at the sanitizer's small shapes it can be most of a test."""
     import torch
 
-    from pytest_fla import checks, time_split
-    from pytest_fla.spec import Sample
+    from pytest_fla.checks import generic
+    from pytest_fla.report import time_split
+    from pytest_fla.ops.spec import Sample
 
     def slow_double(x):
         time.sleep(0.01)
@@ -419,9 +420,9 @@ def test_the_float64_reference_counts_to_its_part_of_a_tests_time():
 
     sample = Sample({"x": torch.ones(3)})
     before = time_split.totals()
-    checks.run_with_grads(slow_double, sample, ["x"])  # the kernel's side
+    generic.run_with_grads(slow_double, sample, ["x"])  # the kernel's side
     assert time_split.REFERENCE not in time_split.since(before)
-    checks.run_with_grads(slow_double, sample, ["x"], upcast=True)  # the reference's
+    generic.run_with_grads(slow_double, sample, ["x"], upcast=True)  # the reference's
     assert time_split.since(before)[time_split.REFERENCE] >= 0.01
 
 
@@ -430,7 +431,7 @@ def test_a_reference_elsewhere_gets_its_inputs_there_and_gives_its_results_back(
     inputs go there and its outputs come back to the kernel's device for the comparison."""
     import torch
 
-    from pytest_fla.devices import REFERENCE_DEVICE_ENV, home_device, moved
+    from pytest_fla.running.devices import REFERENCE_DEVICE_ENV, home_device, moved
 
     value = {"a": (torch.ones(2), [torch.zeros(1), 3]), "b": None}
     on_meta = moved(value, "meta")
@@ -438,7 +439,7 @@ def test_a_reference_elsewhere_gets_its_inputs_there_and_gives_its_results_back(
     assert on_meta["a"][1][1] == 3 and on_meta["b"] is None and isinstance(on_meta["a"], tuple)
     assert home_device([None, 2, torch.ones(1, device="meta"), torch.ones(1)]).type == "meta"
 
-    from pytest_fla.spec import Sample, OpSpec  # noqa: F401 - the spec's reference call
+    from pytest_fla.ops.spec import Sample, OpSpec  # noqa: F401 - the spec's reference call
 
     seen = []
 

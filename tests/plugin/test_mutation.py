@@ -152,7 +152,7 @@ def test_equivalence_list_needs_reasons_and_flags_stale_entries(tmp_path):
 def test_triton_refusing_the_code_is_invalid_a_check_failing_is_a_kill(tmp_path):
     import torch
 
-    from pytest_fla.devices import numeric_device
+    from pytest_fla.running.devices import numeric_device
 
     # a kernel whose two ranges cannot broadcast: the compiler refuses it, and so does the
     # interpreter (an InterpreterError around its shape error)
@@ -200,7 +200,7 @@ def _example_spec():
 
 
 def test_sites_of_the_example_repository(monkeypatch):
-    from pytest_fla.devices import numeric_device
+    from pytest_fla.running.devices import numeric_device
     from pytest_fla.mutation.sites import reached_by
 
     monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")  # natively, the code generator must visit every kernel
@@ -239,6 +239,6 @@ def test_a_run_on_the_example_kills_one_mutant_and_not_an_equivalent_one(tmp_pat
 
 
 def _on_gpu() -> bool:
-    from pytest_fla.devices import numeric_device
+    from pytest_fla.running.devices import numeric_device
 
     return numeric_device().type == "cuda"

@@ -1,4 +1,4 @@
-"""A project inside the project (``pytest_fla.projects``), and the example package run the
+"""A project inside the project (``pytest_fla.collection.projects``), and the example package run the
 way its README says: ``pytest`` in its directory, from a checkout with nothing installed
 but the plugin."""
 

@@ -1,4 +1,4 @@
-"""``--fla-quick`` (``pytest_fla/quick.py``): each check once per op, every error input,
+"""``--fla-quick`` (``pytest_fla/collection/quick.py``): each check once per op, every error input,
 no test of no op; and the ``run`` compile scope, each kernel compiled once per arch."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_quick_run_passes_and_prints_the_matrix(pytester):
 RUN_SCOPE = """
 import torch
 from kernels import l2norm
-from pytest_fla.capture import capture_launches, check_launches
+from pytest_fla.checks.capture import capture_launches, check_launches
 
 with capture_launches(90) as recorder:
     l2norm(torch.randn(2, 8, 64))

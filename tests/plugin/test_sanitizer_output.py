@@ -132,7 +132,7 @@ GAVE_UP = """\
 
 def test_each_xdist_worker_gets_ports_of_its_own():
     """The tool and its program meet on a TCP port from a range: workers sharing the default
-    ten ports waited at their first test on the H100 (pytest_fla/sanitizer.py)."""
+    ten ports waited at their first test on the H100 (pytest_fla/sanitizer/__init__.py)."""
     first, count = sanitizer.port_range("gw0", offset=0)
     assert (first, count) == (49152, 32)
     ranges = [sanitizer.port_range(f"gw{n}", offset=0) for n in range(64)]

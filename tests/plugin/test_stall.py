@@ -1,4 +1,4 @@
-"""pytest_fla.stall on real processes: a tree that sleeps is stalled, one that computes or
+"""pytest_fla.running.stall on real processes: a tree that sleeps is stalled, one that computes or
 writes its progress file is not."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pytest_fla import stall
+from pytest_fla.running import stall
 
 pytestmark = pytest.mark.skipif(not stall.PROC.is_dir(), reason="the stall watch reads /proc (Linux)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from pytest_fla.checks import _tiled
+from pytest_fla.checks.generic import _tiled
 from pytest_fla.specs import all_specs
 
 

@@ -11,7 +11,7 @@ import textwrap
 
 from packaging.specifiers import SpecifierSet
 
-from pytest_fla import toolchain
+from pytest_fla.targets import toolchain
 
 
 def test_tested_ranges_come_from_pyproject():

@@ -13,7 +13,7 @@ its shared-memory limit."""
 import torch
 
 from kernels import parallel_attn
-from pytest_fla.capture import assert_compiles, capture_launches
+from pytest_fla.checks.capture import assert_compiles, capture_launches
 from pytest_fla.repro_helpers import target_arch
 
 arch = target_arch()

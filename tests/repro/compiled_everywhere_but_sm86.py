@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugin"))
 import faulty_kernels  # noqa: E402
 
-from pytest_fla.capture import assert_compiles, capture_launches  # noqa: E402
+from pytest_fla.checks.capture import assert_compiles, capture_launches  # noqa: E402
 from pytest_fla.repro_helpers import target_arch  # noqa: E402
 
 arch = target_arch()

@@ -50,7 +50,7 @@ if device == "cuda":
         assert torch.allclose(y_eval[-1:].float(), layer.eval()(last).float(), atol=2e-2, rtol=2e-2)
     assert all(torch.isfinite(g).all() for g in grads.values()), "a parameter gradient is not finite"
 else:
-    from pytest_fla.capture import MAX_GRID, assert_compiles, capture_launches
+    from pytest_fla.checks.capture import MAX_GRID, assert_compiles, capture_launches
 
     arch = target_arch()
     with capture_launches(arch) as recorder:

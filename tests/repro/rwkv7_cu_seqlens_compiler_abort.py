@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels import chunk_rwkv7, fused_recurrent_rwkv7
-from pytest_fla.capture import assert_compiles, capture_launches
+from pytest_fla.checks.capture import assert_compiles, capture_launches
 from pytest_fla.repro_helpers import session_device, target_arch
-from pytest_fla.tolerance import assert_close
+from pytest_fla.checks.tolerance import assert_close
 
 B, T, H, D = 1, 4096, 2, 128
 

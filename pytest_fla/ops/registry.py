@@ -1,6 +1,6 @@
 """The session's op specs: what every ``pytest_fla_specs`` hook returned, checked once.
 
-The conformance checks (:mod:`pytest_fla.conformance`) are parametrized over
+The conformance checks (:mod:`pytest_fla.checks.conformance`) are parametrized over
 :func:`session_specs`; nothing here imports torch.
 """
 

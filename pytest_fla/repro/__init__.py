@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from . import sanitizer, targets
-from .isolation import device_fault
+from .. import sanitizer, targets
+from ..running.isolation import device_fault
 
 HEADER_RE = re.compile(r"^#\s*([a-z][a-z0-9-]*)\s*:\s*(.*?)\s*$")
 EXPECT_RE = re.compile(r"^(?:pass|raises\s+(?P<exc>[A-Za-z_][\w.]*)\s*:\s*(?P<pattern>.+))$")

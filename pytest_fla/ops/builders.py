@@ -1,4 +1,4 @@
-"""Spec builders: an :class:`~pytest_fla.spec.OpSpec` from an op's argument declaration.
+"""Spec builders: an :class:`~pytest_fla.ops.spec.OpSpec` from an op's argument declaration.
 
 :func:`op_spec` builds the spec of any op: its inputs (``{name: Arg}``), cases, gradients,
 error inputs and the sizes at which the grid checks push it past CUDA's limits, all
@@ -68,7 +68,7 @@ def op_spec(
       seeds the error inputs, the device and poison checks).
     * ``grads``: the inputs whose gradients are checked (``initial_state`` always is,
       when drawn); empty for a forward-only op.
-    * ``errors``: the error-input factory (:mod:`pytest_fla.error_inputs`), or None.
+    * ``errors``: the error-input factory (:mod:`pytest_fla.ops.error_inputs`), or None.
     * ``outputs``: names of the op's outputs in order (``("y",)`` for a plain function).
     * ``varlen`` / ``chunk_size``: whether the op takes ``cu_seqlens``, and the chunk the
       varlen packings put sequences around.

@@ -14,7 +14,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from . import targets, time_split
+from .. import targets
+from . import time_split
 
 PROPERTY_PREFIX = "fla_"
 PROCESS_SECONDS_PROPERTY = "fla_process_seconds"  # an isolated test's child processes, wall time
@@ -26,7 +27,7 @@ COLLECT_SECONDS_PROPERTY = "fla_collect_seconds"  # of the start-up, collecting 
 PARTS_PROPERTY = "fla_parts_seconds"  # of which in the tests: part of the work -> seconds (time_split)
 SANITIZER_PARTS_PROPERTY = "fla_sanitizer_parts_seconds"  # of those, under the tool
 SLOWEST = 5
-HOST_ENV = "FLA_FLEET_HOST"  # the host a fleet worker runs on, set in its environment (pytest_fla/fleet.py)
+HOST_ENV = "FLA_FLEET_HOST"  # the host a fleet worker runs on, set in its environment (pytest_fla/running/fleet.py)
 RUNS_ON_GPU = (targets.NATIVE, targets.EMULATED)
 
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import targets
+from .. import targets
 from .distribute import SHARD_ENV, with_env
-from .report import HOST_ENV
-from .targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Target, arch_name
+from ..report import HOST_ENV
+from ..targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Target, arch_name
 
 FLEET = "fleet"
 STAND_IN_ENV = "FLA_FLEET_STAND_IN"

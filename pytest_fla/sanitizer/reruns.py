@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import sanitizer
-from .isolation import ChildTime, ItemOutcome, run_batch, test_output
+from .. import sanitizer
+from ..running.isolation import ChildTime, ItemOutcome, run_batch, test_output
 
 NOT_LAUNCHED = "not run: the test launched no Triton kernel (--fla-sanitizer-all-tests runs it)"
 # A large_memory check cannot shrink to the tool's small shapes (2**31 elements is its

@@ -28,7 +28,7 @@ def numeric_device():
 def dtype_skip_reason(dtype: str, device) -> str | None:
     """Why ``dtype`` is not checked on ``device`` (None when it is):
 
-    * on the CPU, what Triton's interpreter cannot check (``pytest_fla.toolchain``: bf16
+    * on the CPU, what Triton's interpreter cannot check (``pytest_fla.targets.toolchain``: bf16
       ``tl.dot``, measured wrong on every Triton from 3.6 to 3.9);
     * fp16 on the GPU: the CPU job checks it, and the GPU run spends its time on bf16
       and fp32.
@@ -37,7 +37,7 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
 
     kind = torch.device(device).type
     if kind == "cpu":
-        from .toolchain import interpreter_skip_reason
+        from ..targets.toolchain import interpreter_skip_reason
 
         return interpreter_skip_reason(dtype)
     if kind == "cuda" and dtype == "fp16":
@@ -62,7 +62,7 @@ def reference_call(call, kwargs: dict, *rest):
     """``call(kwargs, *rest)``, the float64 reference's work, timed as its part of the test
     (``time_split``) and run on ``reference_device``: every tensor in the arguments moved
     there, every tensor in the result moved back to the device of ``kwargs``' first one."""
-    from . import time_split
+    from ..report import time_split
 
     with time_split.part(time_split.REFERENCE):
         elsewhere = reference_device()

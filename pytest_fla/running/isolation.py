@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from .report import PARTS_PROPERTY, annotate, timing_properties
+from ..report import PARTS_PROPERTY, annotate, timing_properties
 
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
@@ -71,7 +71,7 @@ class ItemOutcome:
     stderr_tail: str = ""
     stdout: str = ""  # the child's whole stdout (the sanitizer writes its report there)
     exit_code: int | None = None  # of the child's process (under the sanitizer, the tool's)
-    verdict: object = None  # under --fla-sanitizer: a sanitizing.Verdict
+    verdict: object = None  # under --fla-sanitizer: a sanitizer.reruns.Verdict
     time: ChildTime = field(default_factory=ChildTime)
     stalls: list = field(default_factory=list)  # where its child waited, each time it stalled
     # Finished in a child that was then killed for a stall: its own part of the output is
@@ -149,7 +149,7 @@ def run_batch(config, items, wrapper: list[str] | None = None, env: dict | None 
 
     ``wrapper`` prefixes the command (compute-sanitizer); ``env`` adds variables. With
     ``stall_seconds``, a child that makes no progress that long is killed
-    (``pytest_fla.stall``) and the test it stopped at runs once more in a fresh child; a
+    (``pytest_fla.running.stall``) and the test it stopped at runs once more in a fresh child; a
     second stall fails it, with where the processes waited.
     """
     outcomes = {item.nodeid: ItemOutcome() for item in items}

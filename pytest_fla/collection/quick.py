@@ -20,12 +20,12 @@ The report's matrix still has a row per op and a column per check.
 
 from __future__ import annotations
 
-from .report import op_and_check
+from ..report import op_and_check
 
-GENERIC_CHECKS = "pytest_fla.conformance"  # the module of the ops x checks matrix's checks
+GENERIC_CHECKS = "pytest_fla.checks.conformance"  # the module of the ops x checks matrix's checks
 # Checks whose every test is kept: each is a different bad input, refused before a launch.
 EVERY_TEST = ("error_inputs", "device_mismatch")
-SCOPE = "run"  # the compile scope of a quick run (compile_check.SCOPES)
+SCOPE = "run"  # the compile scope of a quick run (compile_per_arch.SCOPES)
 COMPILE_DTYPES = "bf16"
 
 

@@ -1,6 +1,6 @@
-"""The conformance checks, written once over all op specs.
+"""The generic checks, written once over all op specs (the bodies of the conformance suite).
 
-Each function here is one check on one spec; :mod:`pytest_fla.conformance` parametrizes
+Each function here is one check on one spec; :mod:`pytest_fla.checks.conformance` parametrizes
 them over the session's specs. They raise ``AssertionError`` with the
 measured errors on failure. Helpers that run an op forward and backward against its
 float64 reference live here too, so focused tests can reuse them.
@@ -12,14 +12,15 @@ import zlib
 
 import torch
 
-from . import gpu_share, inputs
-from .devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
-from .devices import reference_call
-from .gpu_memory import forward_bytes, other_holders, released_on_error
-from .launches import observe_launches
-from .packings import Packing
+from ..running import gpu_share
+from ..ops import inputs
+from ..running.devices import dtype_skip_reason, numeric_device  # noqa: F401 - where focused tests found them
+from ..running.devices import reference_call
+from ..running.gpu_memory import forward_bytes, other_holders, released_on_error
+from ..running.launches import observe_launches
+from ..ops.packings import Packing
 from .poison import poisoned
-from .spec import Case, OpSpec, Sample, coarsest, dtype_name, torch_dtype
+from ..ops.spec import Case, OpSpec, Sample, coarsest, dtype_name, torch_dtype
 from .tolerance import assert_close
 
 
@@ -74,7 +75,7 @@ def _run_with_grads(fn, sample: Sample, names, grad_outputs, upcast: bool, seed:
         t = kwargs[name].detach()
         leaves[name] = (t.double() if upcast else t.clone()).requires_grad_(True)
     kwargs.update(leaves)
-    from .spec import as_tuple
+    from ..ops.spec import as_tuple
 
     outputs = as_tuple(fn(**kwargs))
     if grad_outputs is None:
@@ -223,7 +224,7 @@ def check_error_input(spec: OpSpec, error, device) -> None:
 
 def check_every_output_written(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
     """Every output and gradient element is written: the library's allocations start as
-    NaN (``pytest_fla.poison``, the ``fla_poison`` ini option), so one never written
+    NaN (``pytest_fla.checks.poison``, the ``fla_poison`` ini option), so one never written
     stays NaN."""
     with poisoned():
         sample = spec.sample(case, dtype, device, seed)

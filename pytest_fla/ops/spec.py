@@ -4,7 +4,7 @@ An :class:`OpSpec` says what an op is (its kernel entry point and its float64 re
 how to draw inputs for it (:meth:`OpSpec.sample`), which inputs have gradients, which
 bad inputs must raise what, which other op it must agree with, and at which sizes its
 launch grids are pushed past CUDA's limits. The generic checks
-(:mod:`pytest_fla.conformance`) are parametrized over every spec the session's
+(:mod:`pytest_fla.checks.conformance`) are parametrized over every spec the session's
 ``pytest_fla_specs`` hooks return (``docs/plugin-api.md``).
 
 Dim names in layouts and cases are free, except three that the checks read:
@@ -117,8 +117,8 @@ ErrorFactory = Callable[["OpSpec", Any], Iterable[ErrorInput]]
 @dataclass(frozen=True)
 class OpSpec:
     """One op, as data. See the module docstring; build one with
-    :func:`pytest_fla.builders.op_spec` (any op) or
-    :func:`pytest_fla.builders.linear_attention_spec` (q/k/v recurrences)."""
+    :func:`pytest_fla.ops.builders.op_spec` (any op) or
+    :func:`pytest_fla.ops.builders.linear_attention_spec` (q/k/v recurrences)."""
 
     name: str
     family: str
@@ -186,7 +186,7 @@ class OpSpec:
     def sample(self, case: Case, dtype: str = "fp32", device="cpu", seed: int = 0, lengths=None) -> Sample:
         import torch
 
-        from . import time_split
+        from ..report import time_split
 
         device = torch.device(device)
         case = dataclasses.replace(case, dims=case.dims_for(device))
@@ -211,7 +211,7 @@ class OpSpec:
     def call_reference(self, sample: Sample, dtype: str | None = None):
         """The reference's outputs for ``sample``, on the sample's device (computed where
         ``devices.reference_device`` says)."""
-        from .devices import reference_call
+        from ..running.devices import reference_call
 
         fn = self.reference_for(dtype)
         return reference_call(lambda kwargs: as_tuple(fn(**kwargs)), sample.kwargs)

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from . import targets
+from .. import targets
 
 GPUS_ENV = "FLA_GPUS"
 

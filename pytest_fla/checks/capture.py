@@ -20,7 +20,7 @@ import contextlib
 import sys
 from dataclasses import dataclass, field
 
-from .targets import SHARED_MEMORY_LIMIT, arch_name
+from ..targets import SHARED_MEMORY_LIMIT, arch_name
 
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_THREADS_PER_BLOCK = 1024

@@ -1,6 +1,6 @@
 """Checks that every op works under ``torch.compile``, written once over all op specs,
-and the tests that run them over the session's specs (``from pytest_fla.torch_compile_checks
-import *`` in a test module, like :mod:`pytest_fla.conformance`).
+and the tests that run them over the session's specs (``from pytest_fla.checks.torch_compile
+import *`` in a test module, like :mod:`pytest_fla.checks.conformance`).
 
 * ``check_opcheck``: ``torch.library.opcheck`` on every custom op a call of the spec's op
   goes through (``kernels/_library.py``): the forward op with gradients wanted (its
@@ -29,10 +29,10 @@ import dataclasses
 import pytest
 import torch
 
-from .checks import cotangents, differentiable, run_with_grads, seed_for
-from .devices import is_interpreter
-from .registry import over_specs, spec_param
-from .spec import Case, OpSpec, Sample
+from .generic import cotangents, differentiable, run_with_grads, seed_for
+from ..running.devices import is_interpreter
+from ..ops.registry import over_specs, spec_param
+from ..ops.spec import Case, OpSpec, Sample
 from .tolerance import assert_close
 
 __all__ = [

@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 DISTRIBUTION = "pytest-fla"
 TESTED = ("torch", "triton")
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _requirements() -> list[str]:

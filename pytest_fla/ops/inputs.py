@@ -33,7 +33,7 @@ class Arg:
     """One tensor argument: its layout and how its values are drawn.
 
     ``layout`` names each dim (``("B", "T", "H", "K")``); names are free except ``B``,
-    ``T`` and ``N``, which the checks read (see :mod:`pytest_fla.spec`).
+    ``T`` and ``N``, which the checks read (see :mod:`pytest_fla.ops.spec`).
 
     kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
     ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per

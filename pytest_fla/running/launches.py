@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import time_split
+from ..report import time_split
 
 
 @dataclass

@@ -161,7 +161,7 @@ SHAPES_ENV = {"FLA_SMALL_SHAPES": "1"}
 
 
 def environment(caching_allocator: bool = False) -> dict[str, str]:
-    from .devices import REFERENCE_DEVICE_ENV
+    from ..running.devices import REFERENCE_DEVICE_ENV
 
     # the float64 reference on the CPU: the tool need not check it (devices.REFERENCE_DEVICE_ENV)
     env = {"CUDA_LAUNCH_BLOCKING": "1", REFERENCE_DEVICE_ENV: "cpu", **SHAPES_ENV}

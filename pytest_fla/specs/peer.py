@@ -145,7 +145,7 @@ def peer_specs(specs=None) -> list:
         raise pytest.UsageError(f"--fla-impl=fla checks {PEER}, which is not importable here: install its wheel "
                                 "(benchmarks/gpu_run.sh installs .whl/*.whl into a --target folder on PYTHONPATH)")
     if specs is None:
-        from .specs import all_specs
+        from . import all_specs
 
         specs = all_specs()
     peers = [p for p in (peer_spec(s) for s in specs) if p is not None]

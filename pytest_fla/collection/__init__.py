@@ -1,0 +1,1 @@
+"""Which tests a run collects and keeps: ``--fla-quick``'s subset, nested projects refused."""
