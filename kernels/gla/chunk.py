@@ -641,10 +641,11 @@ def _qkg_bwd(
 def _dot_types(work: torch.dtype):
     """(operand dtype, input precision) of ``tl.dot`` for the work dtype (bf16 or fp32).
 
-    bf16 goes to the tensor cores as it is; fp32 uses tf32x3. Triton 3.6's CPU interpreter
-    multiplies bf16 bit patterns as integers, so there every product runs in fp32.
+    bf16 goes to the tensor cores as it is; fp32 uses tf32x3. Triton's CPU interpreter
+    multiplies bf16 bit patterns as integers, so there every product runs in fp32 (unless
+    ``_arch.interpreter_dots_bf16`` says it was patched to compute bf16 dots as a GPU does).
     """
-    if work == torch.float32 or _arch.is_interpreter():
+    if work == torch.float32 or not _arch.interpreter_dots_bf16():
         return tl.float32, ("ieee" if _arch.is_interpreter() else "tf32x3")
     return tl.bfloat16, "tf32x3"
 
