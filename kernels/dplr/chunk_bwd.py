@@ -272,15 +272,24 @@ def qkabg_grad_kernel(
         d_qb = tl.where(strict, b_dAqb, 0.0).to(DT)
         d_ak = tl.where(strict, b_dAak, 0.0).to(DT)
         d_ab = tl.where(strict, b_dAab, 0.0).to(DT)
-        b_dqi = eL * (mm(d_qk, k_s) + mm(d_qb, b_s))
-        b_dai = eLx * (mm(d_ak, k_s) + mm(d_ab, b_s))
-        b_dki = e_col * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
-        b_dbi = e_col * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
+        to_q = mm(d_qk, k_s) + mm(d_qb, b_s)
+        to_a = mm(d_ak, k_s) + mm(d_ab, b_s)
+        to_k = mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s)
+        to_b = mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s)
+        b_dqi = eL * to_q
+        b_dai = eLx * to_a
+        b_dki = e_col * to_k
+        b_dbi = e_col * to_b
+        # dgk's intra-chunk terms from the operands as rounded for the products (see below)
+        x_intra = q_s.to(tl.float32) * to_q - k_s.to(tl.float32) * to_k - b_s.to(tl.float32) * to_b
+        ada_intra = a_s.to(tl.float32) * to_a
     else:
         b_dqi = tl.zeros([BT, BK], dtype=tl.float32)
         b_dai = tl.zeros([BT, BK], dtype=tl.float32)
         b_dki = tl.zeros([BT, BK], dtype=tl.float32)
         b_dbi = tl.zeros([BT, BK], dtype=tl.float32)
+        x_intra = tl.zeros([BT, BK], dtype=tl.float32)
+        ada_intra = tl.zeros([BT, BK], dtype=tl.float32)
         L = b_g
         Lx = tl.zeros([BT, BK], dtype=tl.float32)
         R = tl.zeros([BT, BK], dtype=tl.float32)
@@ -298,18 +307,31 @@ def qkabg_grad_kernel(
             d_qb = tl.where(pairs, b_dAqb, 0.0).to(DT)
             d_ak = tl.where(pairs, b_dAak, 0.0).to(DT)
             d_ab = tl.where(pairs, b_dAab, 0.0).to(DT)
-            b_dqi += tl.where(right, eL, 0.0) * (mm(d_qk, k_s) + mm(d_qb, b_s))
-            b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
-            b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
-            b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
+            to_q = mm(d_qk, k_s) + mm(d_qb, b_s)
+            to_a = mm(d_ak, k_s) + mm(d_ab, b_s)
+            to_k = mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s)
+            to_b = mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s)
+            b_dqi += tl.where(right, eL, 0.0) * to_q
+            b_dai += tl.where(right, eLx, 0.0) * to_a
+            b_dki += tl.where(right, 0.0, eR) * to_k
+            b_dbi += tl.where(right, 0.0, eR) * to_b
+            x_intra += q_s.to(tl.float32) * to_q - k_s.to(tl.float32) * to_k - b_s.to(tl.float32) * to_b
+            ada_intra += a_s.to(tl.float32) * to_a
             L, Lx, R = next_level_sums_with_exclusive(L, Lx, R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
 
     # L = G, Lx = G^-, R = G_C - G
-    b_dq = b_dqg * tl.exp(L) + b_dqi
-    b_da = b_dag * tl.exp(Lx) + b_dai
+    b_dqg = b_dqg * tl.exp(L)
+    b_dag = b_dag * tl.exp(Lx)
+    b_dq = b_dqg + b_dqi
+    b_da = b_dag + b_dai
     b_dk_inter = b_dkg * tl.exp(R)
     b_db_inter = b_dbg * tl.exp(R)
-    b_dg = _gate_grad(b_q * b_dq - b_k * b_dki - b_b * b_dbi, b_a * b_da, b_k * b_dk_inter + b_b * b_db_inter,
+    # The intra-chunk terms of dgk are formed from the gated operands as rounded for the
+    # products (x_intra, ada_intra), not from q, k, a, b: a pair (i, j) then enters the
+    # q dq and k dk (a da and k dk, ...) terms as the same number, and the pairs on one side
+    # of a row cancel exactly in the sum; from the unrounded operands each pair left the
+    # difference of two operand roundings in dgk.
+    b_dg = _gate_grad(b_q * b_dqg + x_intra, b_a * b_dag + ada_intra, b_k * b_dk_inter + b_b * b_db_inter,
                       b_g, b_hdh, BT)
 
     u_dq, u_da, u_dk, u_db = _unit_pair_grads(dA_unit, t0, i_h, n_valid, b_q, b_k, b_a, b_b, H, BT, BK)
