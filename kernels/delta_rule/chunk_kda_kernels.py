@@ -247,10 +247,11 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
     dq, dk (from P), dk (from A's rows and columns), their gate-carrying terms of dG, and
     the level sums L = G, R = G_C - G.
 
-    The dG terms are formed from the gated operands as rounded for the products: a pair
-    (i, j) then enters its row side and its column side as the same number, and the pairs
-    on one side of a row cancel exactly in dg's reverse cumsum; formed from q, k instead,
-    each pair left the difference of two operand roundings in dg."""
+    In the one-product branch the dG terms are formed from the gated operands as rounded
+    for the products: a pair (i, j) then enters its row side and its column side as the
+    same number, and the pairs on one side of a row cancel exactly in dg's reverse cumsum;
+    formed from q, k, each pair left the difference of two operand roundings in dg. The
+    levels (strong decay) form them from q, k after the loop (see the comment there)."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         # every |G| <= SPREAD: all pairs in one product per term, rows e^{G}, columns e^{-G}
@@ -274,7 +275,6 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
         dk_P = tl.zeros([BT, BK], dtype=tl.float32)
         dk_Arow = tl.zeros([BT, BK], dtype=tl.float32)
         dk_Acol = tl.zeros([BT, BK], dtype=tl.float32)
-        dG_pairs = tl.zeros([BT, BK], dtype=tl.float32)
         b_L = b_g
         b_R = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
@@ -288,13 +288,13 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
             k_left = (b_k * col_factor).to(WT)
             q_right = (b_q * row_factor).to(WT)
             kb_right = (b_k * (b_beta[:, None] * row_factor)).to(WT)
-            to_q_P, to_k_P, to_k_Arow, to_k_Acol, dG_level = _pair_products(d_P, d_A, k_left, q_right, kb_right)
-            dq_P += row_factor * to_q_P
-            dk_P += col_factor * to_k_P
-            dk_Arow += row_factor * to_k_Arow
-            dk_Acol += col_factor * to_k_Acol
-            dG_pairs += dG_level
+            dq_P += row_factor * mm(d_P, k_left)
+            dk_P += col_factor * mm(tl.trans(d_P), q_right)
+            dk_Arow += row_factor * mm(d_A, k_left)
+            dk_Acol += col_factor * mm(tl.trans(d_A), kb_right)
             b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+        # from q, k after the levels (a dG accumulator across them spilled 8x the bytes on sm90)
+        dG_pairs = b_q * dq_P - b_k * dk_P + b_k * (dk_Arow * b_beta[:, None] - dk_Acol)
     return dq_P, dk_P, dk_Arow, dk_Acol, dG_pairs, b_L, b_R
 
 

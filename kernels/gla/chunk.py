@@ -524,11 +524,13 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
     and level by level otherwise, as in the forward; also their terms of dg, ``q ⊙ dq`` and
     ``k ⊙ dk``, and the level sums Q = G (with BONUS G - g) and R = G_L - G.
 
-    The dg terms are formed from the gated operands as rounded for the products: a pair
-    (i, j) then enters ``q ⊙ dq`` and ``k ⊙ dk`` as the same number, and the pairs on one
-    side of a row cancel exactly in dg's reverse cumsum (module docstring, "Gate
-    gradient"). Formed from the unrounded ``q``, ``k`` instead, every pair left the
-    difference of two operand roundings in dg, summed over the chunk."""
+    In the one-product branch the dg terms are formed from the gated operands as rounded
+    for the products: a pair (i, j) then enters ``q ⊙ dq`` and ``k ⊙ dk`` as the same
+    number, and the pairs on one side of a row cancel exactly in dg's reverse cumsum
+    (module docstring, "Gate gradient"). Formed from the unrounded ``q``, ``k``, every pair
+    left the difference of two operand roundings in dg, summed over the chunk (bf16 ``dw``
+    of rwkv6 twice the error). The levels (strong decay) form them from ``q``, ``k`` after
+    the loop: two more accumulators across it doubled the kernel's spills on sm90."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         Q = G - b_g if BONUS else G
@@ -547,8 +549,6 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
     else:
         dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
         dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
-        q_dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
-        k_dk_intra = tl.zeros([BT, BK], dtype=tl.float32)
         Q = tl.zeros([BT, BK], dtype=tl.float32) if BONUS else b_g
         R = tl.zeros([BT, BK], dtype=tl.float32)
         for level in tl.static_range(LEVELS):
@@ -561,9 +561,9 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
             to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
             dq_intra += tl.where(right, factor, 0.0) * to_q
             dk_intra += tl.where(right, 0.0, factor) * to_k
-            q_dq_intra += q_s.to(tl.float32) * to_q
-            k_dk_intra += k_s.to(tl.float32) * to_k
             Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
+        q_dq_intra = b_q * dq_intra
+        k_dk_intra = b_k * dk_intra
     return dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R
 
 
