@@ -16,7 +16,7 @@ whole tensor; ``max`` in the JSON is ``max|out - ref| / max|ref|``. The ratio is
 the peer's relative RMS error (below 1: ours is closer to the reference).
 
 Sizes: ``--B/--T/--H/--K/--V`` replace the case's dims of those names (``D``, a module's
-width, takes ``--K``; ``HV`` takes ``--H``), other dims stay the case's CPU ones. On a GPU
+width, takes ``--K``; ``HV``, ``HKV`` take ``--H``), other dims stay the case's CPU ones. On a GPU
 the defaults are B=2 T=300 H=2 K=V=64. The peer is ``import fla`` (install its wheel:
 ``benchmarks/gpu_run.sh`` puts ``.whl/*.whl`` on ``PYTHONPATH``); it queries the CUDA
 driver on import, so on the CPU only ours runs (peer "n/a"), under ``TRITON_INTERPRET=1``
@@ -80,8 +80,9 @@ def case_for(spec, dims: dict):
             sizes[name] = dims[name]
     if "D" in sizes:
         sizes["D"] = dims["K"]
-    if "HV" in sizes:
-        sizes["HV"] = sizes.get("H", dims["H"])
+    for grouped in ("HV", "HKV"):  # one value (key/value) head per query head
+        if grouped in sizes:
+            sizes[grouped] = sizes.get("H", dims["H"])
     options = dict(case.options)
     if "initial_state" in spec.args:
         options["initial_state"] = True
