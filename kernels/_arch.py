@@ -50,6 +50,13 @@ def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def interpreter_dots_bf16() -> bool:
+    """Whether ``tl.dot`` of bf16 operands computes what a GPU does: always on a GPU; in the
+    interpreter only where ``pytest_fla.targets.interpreter_bf16`` patched it (it sets
+    ``FLA_INTERPRETER_BF16=1``), since Triton's own multiplies the operands' bit patterns."""
+    return not is_interpreter() or os.environ.get("FLA_INTERPRETER_BF16") == "1"
+
+
 def require_arch(op: str, minimum: int, why: str) -> None:
     """Raise before any launch when the target arch is older than ``minimum``."""
     arch = target_arch()

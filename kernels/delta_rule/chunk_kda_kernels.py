@@ -225,13 +225,33 @@ def _inter_chunk_contractions(do, vn, dvn, h_base, dh_base, n_valid, i_k, HV: tl
 
 
 @triton.jit
+def _pair_products(d_P, d_A, k_left, q_right, kb_right):
+    """One set of in-chunk pairs' products: what reaches q's rows and k's columns through P,
+    k's rows and columns through A, and the pairs' dG terms from the same rounded operands."""
+    to_q_P = mm(d_P, k_left)
+    to_k_P = mm(tl.trans(d_P), q_right)
+    to_k_Arow = mm(d_A, k_left)
+    to_k_Acol = mm(tl.trans(d_A), kb_right)
+    dG = (q_right.to(tl.float32) * to_q_P + kb_right.to(tl.float32) * to_k_Arow
+          - k_left.to(tl.float32) * (to_k_P + to_k_Acol))
+    return to_q_P, to_k_P, to_k_Arow, to_k_Acol, dG
+
+
+@triton.jit
 def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, BK: tl.constexpr,
                          LEVELS: tl.constexpr, WT: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr,
                          SPREAD: tl.constexpr):
     """The in-chunk pairs i > j, in one product where the gates allow it and level by
     level otherwise, for P (q_i, k_j) and A (k_i, k_j): the row
     side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}). Returns their
-    dq, dk (from P), dk (from A's rows and columns) and the level sums L = G, R = G_C - G."""
+    dq, dk (from P), dk (from A's rows and columns), their gate-carrying terms of dG, and
+    the level sums L = G, R = G_C - G.
+
+    In the one-product branch the dG terms are formed from the gated operands as rounded
+    for the products: a pair (i, j) then enters its row side and its column side as the
+    same number, and the pairs on one side of a row cancel exactly in dg's reverse cumsum;
+    formed from q, k, each pair left the difference of two operand roundings in dg. The
+    levels (strong decay) form them from q, k after the loop (see the comment there)."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         # every |G| <= SPREAD: all pairs in one product per term, rows e^{G}, columns e^{-G}
@@ -241,10 +261,13 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
         d_P = tl.where(strict, b_dPs, 0.0).to(WT)
         d_A = tl.where(strict, b_dA, 0.0).to(WT)
         k_left = (b_k * col_factor).to(WT)
-        dq_P = row_factor * mm(d_P, k_left)
-        dk_P = col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
-        dk_Arow = row_factor * mm(d_A, k_left)
-        dk_Acol = col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
+        q_right = (b_q * row_factor).to(WT)
+        kb_right = (b_k * (b_beta[:, None] * row_factor)).to(WT)
+        to_q_P, to_k_P, to_k_Arow, to_k_Acol, dG_pairs = _pair_products(d_P, d_A, k_left, q_right, kb_right)
+        dq_P = row_factor * to_q_P
+        dk_P = col_factor * to_k_P
+        dk_Arow = row_factor * to_k_Arow
+        dk_Acol = col_factor * to_k_Acol
         b_L = G
         b_R = sums_after(b_g, G)
     else:
@@ -263,12 +286,16 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
             d_P = tl.where(pairs, b_dPs, 0.0).to(WT)
             d_A = tl.where(pairs, b_dA, 0.0).to(WT)
             k_left = (b_k * col_factor).to(WT)
+            q_right = (b_q * row_factor).to(WT)
+            kb_right = (b_k * (b_beta[:, None] * row_factor)).to(WT)
             dq_P += row_factor * mm(d_P, k_left)
-            dk_P += col_factor * mm(tl.trans(d_P), (b_q * row_factor).to(WT))
+            dk_P += col_factor * mm(tl.trans(d_P), q_right)
             dk_Arow += row_factor * mm(d_A, k_left)
-            dk_Acol += col_factor * mm(tl.trans(d_A), (b_k * (b_beta[:, None] * row_factor)).to(WT))
+            dk_Acol += col_factor * mm(tl.trans(d_A), kb_right)
             b_L, b_R = next_level_sums(b_L, b_R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
-    return dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R
+        # from q, k after the levels (a dG accumulator across them spilled 8x the bytes on sm90)
+        dG_pairs = b_q * dq_P - b_k * dk_P + b_k * (dk_Arow * b_beta[:, None] - dk_Acol)
+    return dq_P, dk_P, dk_Arow, dk_Acol, dG_pairs, b_L, b_R
 
 
 @triton.jit
@@ -317,8 +344,8 @@ def kda_grad_keys_kernel(
     b_k = _unit_rows(k + qk_base, n_valid, H, K, i_k * BK, b_rk, BT, BK)
     b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
 
-    dq_P, dk_P, dk_Arow, dk_Acol, b_L, b_R = _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK,
-                                                                  LEVELS, WT, scratch, THROUGH_SCRATCH, SPREAD)
+    dq_P, dk_P, dk_Arow, dk_Acol, dG_pairs, b_L, b_R = _in_chunk_pair_grads(
+        b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK, LEVELS, WT, scratch, THROUGH_SCRATCH, SPREAD)
     # L = G, R = G_C - G
     b_eG = tl.exp(b_L)
     dq_inter = b_dqh * b_eG * scale
@@ -326,10 +353,9 @@ def kda_grad_keys_kernel(
     dk_out = b_Udh * tl.exp(b_R)
 
     # dG: every gate-carrying term, its row side + and its column side -, the diagonal of P
-    # left out (no gate); then dg = reverse cumsum + the strict prefix of the next-state
-    # terms + e^{G_C} <h, dh>.
-    b_dG = (b_q * (dq_inter + dq_P) - b_k * dk_P + b_k * (dk_Arow * b_beta[:, None] - dk_Acol)
-            + b_k * dk_in)
+    # left out (no gate), the in-chunk pairs' as _in_chunk_pair_grads formed them; then
+    # dg = reverse cumsum + the strict prefix of the next-state terms + e^{G_C} <h, dh>.
+    b_dG = b_q * dq_inter + dG_pairs + b_k * dk_in
     b_dg = tl.cumsum(tl.where(valid[:, None], b_dG, 0.0), axis=0, reverse=True)
     b_dg += mm(tl.where(rows[:, None] > rows[None, :], 1.0, 0.0), b_k * dk_out)
     b_dg += (tl.exp(tl.sum(b_g, axis=0)) * b_hdh)[None, :]

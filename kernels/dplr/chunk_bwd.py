@@ -225,6 +225,16 @@ def _gate_grad(b_X, b_ada, b_Y, b_g, b_hdh, BT: tl.constexpr):
 
 
 @triton.jit
+def _with_next_state_terms(b_k, b_b, b_dki, b_dbi, b_dkg, b_dbg, R):
+    """dk, db with their terms through Kg, Bg (factor e^{G_C - G} = e^{R}), and those terms'
+    share of dgk, ``k dk^inter + b db^inter``."""
+    e_R = tl.exp(R)
+    dk_inter = b_dkg * e_R
+    db_inter = b_dbg * e_R
+    return b_dki + dk_inter, b_dbi + db_inter, b_k * dk_inter + b_b * db_inter
+
+
+@triton.jit
 def qkabg_grad_kernel(
     q, k, a, b, gk, do, u, v, dY, h, dh, dA_qk, dA_qb, dA_ak, dA_ab, dA_unit,
     dq, dk, da, db, dg, scratch,
@@ -272,10 +282,20 @@ def qkabg_grad_kernel(
         d_qb = tl.where(strict, b_dAqb, 0.0).to(DT)
         d_ak = tl.where(strict, b_dAak, 0.0).to(DT)
         d_ab = tl.where(strict, b_dAab, 0.0).to(DT)
-        b_dqi = eL * (mm(d_qk, k_s) + mm(d_qb, b_s))
-        b_dai = eLx * (mm(d_ak, k_s) + mm(d_ab, b_s))
-        b_dki = e_col * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
-        b_dbi = e_col * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
+        to_q = mm(d_qk, k_s) + mm(d_qb, b_s)
+        to_a = mm(d_ak, k_s) + mm(d_ab, b_s)
+        to_k = mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s)
+        to_b = mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s)
+        # dgk's intra-chunk terms from the operands as rounded for the products (see below);
+        # the inter-chunk terms of dq, da joined here, where their factors are at hand (fewer
+        # tiles live past the branch: less spilled)
+        b_dqg = b_dqg * eL
+        b_dag = b_dag * eLx
+        x_gate = b_q * b_dqg + q_s.to(tl.float32) * to_q - k_s.to(tl.float32) * to_k - b_s.to(tl.float32) * to_b
+        ada_gate = b_a * b_dag + a_s.to(tl.float32) * to_a
+        b_dq = b_dqg + eL * to_q
+        b_da = b_dag + eLx * to_a
+        b_dk, b_db, y_gate = _with_next_state_terms(b_k, b_b, e_col * to_k, e_col * to_b, b_dkg, b_dbg, R)
     else:
         b_dqi = tl.zeros([BT, BK], dtype=tl.float32)
         b_dai = tl.zeros([BT, BK], dtype=tl.float32)
@@ -298,25 +318,35 @@ def qkabg_grad_kernel(
             d_qb = tl.where(pairs, b_dAqb, 0.0).to(DT)
             d_ak = tl.where(pairs, b_dAak, 0.0).to(DT)
             d_ab = tl.where(pairs, b_dAab, 0.0).to(DT)
-            b_dqi += tl.where(right, eL, 0.0) * (mm(d_qk, k_s) + mm(d_qb, b_s))
-            b_dai += tl.where(right, eLx, 0.0) * (mm(d_ak, k_s) + mm(d_ab, b_s))
-            b_dki += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s))
-            b_dbi += tl.where(right, 0.0, eR) * (mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s))
+            to_q = mm(d_qk, k_s) + mm(d_qb, b_s)
+            to_a = mm(d_ak, k_s) + mm(d_ab, b_s)
+            to_k = mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s)
+            to_b = mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s)
+            b_dqi += tl.where(right, eL, 0.0) * to_q
+            b_dai += tl.where(right, eLx, 0.0) * to_a
+            b_dki += tl.where(right, 0.0, eR) * to_k
+            b_dbi += tl.where(right, 0.0, eR) * to_b
             L, Lx, R = next_level_sums_with_exclusive(L, Lx, R, right, level, BT, BK, scratch, THROUGH_SCRATCH)
+        # L = G, Lx = G^-, R = G_C - G; from q, k, a, b after the levels (two more
+        # accumulators across them made the kernel spill twice the bytes on sm90)
+        b_dq = b_dqg * tl.exp(L) + b_dqi
+        b_da = b_dag * tl.exp(Lx) + b_dai
+        x_gate = b_q * b_dq - b_k * b_dki - b_b * b_dbi
+        ada_gate = b_a * b_da
+        b_dk, b_db, y_gate = _with_next_state_terms(b_k, b_b, b_dki, b_dbi, b_dkg, b_dbg, R)
 
-    # L = G, Lx = G^-, R = G_C - G
-    b_dq = b_dqg * tl.exp(L) + b_dqi
-    b_da = b_dag * tl.exp(Lx) + b_dai
-    b_dk_inter = b_dkg * tl.exp(R)
-    b_db_inter = b_dbg * tl.exp(R)
-    b_dg = _gate_grad(b_q * b_dq - b_k * b_dki - b_b * b_dbi, b_a * b_da, b_k * b_dk_inter + b_b * b_db_inter,
-                      b_g, b_hdh, BT)
+    # In the one-product branch the intra-chunk terms of dgk (x_gate, ada_gate) are formed
+    # from the gated operands as rounded for the products, not from q, k, a, b: a pair
+    # (i, j) then enters the q dq and k dk (a da and k dk, ...) terms as the same number,
+    # and the pairs on one side of a row cancel exactly in the sum; from the unrounded
+    # operands each pair left the difference of two operand roundings in dgk.
+    b_dg = _gate_grad(x_gate, ada_gate, y_gate, b_g, b_hdh, BT)
 
     u_dq, u_da, u_dk, u_db = _unit_pair_grads(dA_unit, t0, i_h, n_valid, b_q, b_k, b_a, b_b, H, BT, BK)
     b_dq += u_dq
     b_da += u_da
-    b_dk = b_dki + b_dk_inter + u_dk
-    b_db = b_dbi + b_db_inter + u_db
+    b_dk += u_dk
+    b_db += u_db
 
     col0 = i_k * BK
     rows_tile_store(dq + row0 * K, b_dq * scale, n_valid, H * K, K, col0, BT, BK)

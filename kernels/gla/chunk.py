@@ -521,16 +521,30 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
                      DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
                      THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr):
     """dq, dk of the pairs i > j within a chunk, in one product where the gates allow it
-    and level by level otherwise, as in the forward; also returns the level sums Q = G
-    (with BONUS G - g) and R = G_L - G."""
+    and level by level otherwise, as in the forward; also their terms of dg, ``q ⊙ dq`` and
+    ``k ⊙ dk``, and the level sums Q = G (with BONUS G - g) and R = G_L - G.
+
+    In the one-product branch the dg terms are formed from the gated operands as rounded
+    for the products: a pair (i, j) then enters ``q ⊙ dq`` and ``k ⊙ dk`` as the same
+    number, and the pairs on one side of a row cancel exactly in dg's reverse cumsum
+    (module docstring, "Gate gradient"). Formed from the unrounded ``q``, ``k``, every pair
+    left the difference of two operand roundings in dg, summed over the chunk (bf16 ``dw``
+    of rwkv6 twice the error). The levels (strong decay) form them from ``q``, ``k`` after
+    the loop: two more accumulators across it doubled the kernel's spills on sm90."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         Q = G - b_g if BONUS else G
         e_q = tl.exp(Q)
         e_k = tl.exp(-G)
         d_a_s = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0).to(DOT)
-        dq_intra = e_q * tl.dot(d_a_s, (b_k * e_k).to(DOT), input_precision=PREC)
-        dk_intra = e_k * tl.dot(tl.trans(d_a_s), (b_q * e_q).to(DOT), input_precision=PREC)
+        k_s = (b_k * e_k).to(DOT)
+        q_s = (b_q * e_q).to(DOT)
+        to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
+        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        dq_intra = e_q * to_q
+        dk_intra = e_k * to_k
+        q_dq_intra = q_s.to(tl.float32) * to_q
+        k_dk_intra = k_s.to(tl.float32) * to_k
         R = sums_after(b_g, G)
     else:
         dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
@@ -542,11 +556,15 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
             factor = tl.exp(tl.where(right, Q, R))
             d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
             k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            dq_intra += tl.where(right, factor, 0.0) * tl.dot(d_a_s, k_s, input_precision=PREC)
             q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-            dk_intra += tl.where(right, 0.0, factor) * tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+            to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
+            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+            dq_intra += tl.where(right, factor, 0.0) * to_q
+            dk_intra += tl.where(right, 0.0, factor) * to_k
             Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
-    return dq_intra, dk_intra, Q, R
+        q_dq_intra = b_q * dq_intra
+        k_dk_intra = b_k * dk_intra
+    return dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R
 
 
 @triton.jit
@@ -593,10 +611,11 @@ def _qkg_bwd(
 
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
-    dq_intra, dk_intra, Q, R = _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch,
-                                                THROUGH_SCRATCH, SPREAD)
+    dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R = _intra_pairs_bwd(
+        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
-    b_dq = dq_inter * tl.exp(Q) * scale + dq_intra
+    dq_inter = dq_inter * tl.exp(Q) * scale
+    b_dq = dq_inter + dq_intra
     dk_inter = dk_inter * tl.exp(R)
     G_last = tl.sum(b_g, axis=0)
 
@@ -607,10 +626,10 @@ def _qkg_bwd(
     # With BONUS the query of row t + 1 carries the cumulative gate of row t, so its term
     # moves up one row (module docstring, "RWKV-6").
     below = (rows > cols).to(tl.float32)
-    q_dq = b_q * b_dq
+    q_dq = b_q * dq_inter + q_dq_intra
     if BONUS:
         q_dq = _shift_rows(q_dq, 1, BT, BK)
-    b_dg = tl.cumsum(q_dq - b_k * dk_intra, axis=0, reverse=True)
+    b_dg = tl.cumsum(q_dq - k_dk_intra, axis=0, reverse=True)
     b_dg = tl.dot(below, b_k * dk_inter, b_dg, input_precision=PREC)
     b_dg += (tl.exp(G_last) * h_dh)[None, :]
     if BONUS:
@@ -641,10 +660,11 @@ def _qkg_bwd(
 def _dot_types(work: torch.dtype):
     """(operand dtype, input precision) of ``tl.dot`` for the work dtype (bf16 or fp32).
 
-    bf16 goes to the tensor cores as it is; fp32 uses tf32x3. Triton 3.6's CPU interpreter
-    multiplies bf16 bit patterns as integers, so there every product runs in fp32.
+    bf16 goes to the tensor cores as it is; fp32 uses tf32x3. Triton's CPU interpreter
+    multiplies bf16 bit patterns as integers, so there every product runs in fp32 (unless
+    ``_arch.interpreter_dots_bf16`` says it was patched to compute bf16 dots as a GPU does).
     """
-    if work == torch.float32 or _arch.is_interpreter():
+    if work == torch.float32 or not _arch.interpreter_dots_bf16():
         return tl.float32, ("ieee" if _arch.is_interpreter() else "tf32x3")
     return tl.bfloat16, "tf32x3"
 

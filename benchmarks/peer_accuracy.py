@@ -1,0 +1,207 @@
+"""Our bf16 errors beside the peer library's (fla-core), both against the float64 reference.
+
+    python3 benchmarks/peer_accuracy.py [--ops chunk_rwkv7,chunk_kda] [--device cuda] [--dtype bf16]
+        [--B 2 --T 300 --H 2 --K 64 --V 64] [--seed 0] [--budget-s 240] [--json PATH]
+
+Per op (every op of ``pytest_fla.specs.peer.ADAPTERS``, the issue's four gated chunked ones
+first), both sides get the same inputs, drawn by the op's spec (``realistic`` gates, an
+initial state where the op takes one, the spec's first case's options) in ``--dtype``,
+and the same upstream gradients (``pytest_fla.checks.run_with_grads``: drawn once, handed
+to the peer and the reference). Each output and each input gradient is compared with the
+float64 reference recurrence (``reference/``) run on the same rounded inputs.
+
+The error is the conformance checks' measure (``pytest_fla.checks.tolerance.errors``,
+``docs/tolerances.md``): the relative RMS error ``||out - ref||_2 / ||ref||_2`` over the
+whole tensor; ``max`` in the JSON is ``max|out - ref| / max|ref|``. The ratio is ours over
+the peer's relative RMS error (below 1: ours is closer to the reference).
+
+Sizes: ``--B/--T/--H/--K/--V`` replace the case's dims of those names (``D``, a module's
+width, takes ``--K``; ``HV``, ``HKV`` take ``--H``), other dims stay the case's CPU ones. On a GPU
+the defaults are B=2 T=300 H=2 K=V=64. The peer is ``import fla`` (install its wheel:
+``benchmarks/gpu_run.sh`` puts ``.whl/*.whl`` on ``PYTHONPATH``); it queries the CUDA
+driver on import, so on the CPU only ours runs (peer "n/a"), under ``TRITON_INTERPRET=1``
+(set here) at B=1 T=130 H=1 K=V=32, with the interpreter's bf16 arithmetic made the GPU's
+(``pytest_fla.targets.interpreter_bf16``). Ops run until ``--budget-s`` seconds have passed (the
+peer autotunes on first call); those left are listed. The markdown table is printed last;
+``--json`` writes every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+FIRST = ("chunk_dplr_delta_rule", "chunk_rwkv7", "chunk_kda", "chunk_rwkv6")  # issue 42's gap
+GPU_DIMS = dict(B=2, T=300, H=2, K=64, V=64)
+CPU_DIMS = dict(B=1, T=130, H=1, K=32, V=32)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", help="comma-separated op names (default: every op with a peer)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where available")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    for dim in GPU_DIMS:
+        parser.add_argument(f"--{dim}", type=int, help=f"default {GPU_DIMS[dim]} (GPU), {CPU_DIMS[dim]} (CPU)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--budget-s", type=float, default=240.0, help="start no op after this many seconds")
+    parser.add_argument("--json", help="write every row here")
+    return parser.parse_args(argv)
+
+
+def pick_device(wanted: str | None) -> str:
+    if wanted is None:
+        import torch
+
+        wanted = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+    if wanted == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels' modules are imported
+    return wanted
+
+
+def case_for(spec, dims: dict):
+    """The spec's first case that checks gradients, at ``dims``, with an initial state
+    where the op takes one (the same dims on every device)."""
+    from pytest_fla.ops.spec import Case
+
+    case = next(c for c in spec.cases if c.checks is None or "backward" in c.checks)
+    sizes = dict(case.dims)
+    for name in ("B", "T", "H", "K", "V"):
+        if name in sizes:
+            sizes[name] = dims[name]
+    if "D" in sizes:
+        sizes["D"] = dims["K"]
+    for grouped in ("HV", "HKV"):  # one value (key/value) head per query head
+        if grouped in sizes:
+            sizes[grouped] = sizes.get("H", dims["H"])
+    options = dict(case.options)
+    if "initial_state" in spec.args:
+        options["initial_state"] = True
+        if "final_state" in spec.outputs:
+            options["output_final_state"] = True
+    return dataclasses.replace(Case(case.name, sizes, "realistic", options), gpu_dims=None)
+
+
+def compared(spec, result, reference, names) -> dict:
+    """{tensor: (rel RMS, max)} of one side's outputs and input gradients."""
+    from pytest_fla.checks.tolerance import errors
+
+    (out, grads), (ref_out, ref_grads) = result, reference
+    rows = {}
+    for name, o, r in zip(spec.outputs, out, ref_out):
+        if name is not None and o is not None and r is not None:
+            rows[name] = errors(o, r)
+    for name in names:
+        if grads[name] is not None and ref_grads[name] is not None:
+            rows[f"d{name}"] = errors(grads[name], ref_grads[name])
+    return rows
+
+
+def measure(spec, dims: dict, dtype: str, device: str, seed: int, peer: bool) -> list[dict]:
+    """One op's rows: tensor, ours, peer (None where the peer did not run), their errors."""
+    from pytest_fla.checks.generic import differentiable, run_with_grads
+    from pytest_fla.specs.peer import peer_spec
+
+    case = case_for(spec, dims)
+    sample = spec.sample(case, dtype, device, seed)
+    names = differentiable(spec, sample)
+    out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
+    ref_out, ref_grads, _ = run_with_grads(spec.reference_for(dtype), sample, names, upstream, upcast=True)
+    reference = (ref_out, ref_grads)
+    ours = compared(spec, (out, grads), reference, names)
+    theirs, failure = {}, None
+    if peer:
+        try:
+            peer_out, peer_grads, _ = run_with_grads(peer_spec(spec).op_fn, sample, names, upstream)
+            theirs = compared(spec, (peer_out, peer_grads), reference, names)
+        except Exception as e:  # the peer's failure is a finding of the run, not its end
+            failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+    rows = []
+    for tensor, (rel, mx) in ours.items():
+        peer_rel, peer_max = theirs.get(tensor, (None, None))
+        rows.append(dict(op=spec.name, tensor=tensor, kind="backward" if tensor.startswith("d") else "forward",
+                         case=case.name, dims=dict(case.dims), ours=rel, ours_max=mx, peer=peer_rel,
+                         peer_max=peer_max, ratio=rel / peer_rel if peer_rel else None, peer_error=failure))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def num(x):
+        return "n/a" if x is None else f"{x:.2e}"
+
+    out = ["| op | tensor | ours | peer | ratio |", "|---|---|---|---|---|"]
+    for r in rows:
+        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        out.append(f"| {r['op']} | {r['tensor']} | {num(r['ours'])} | {num(r['peer'])} | {ratio} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    defaults = GPU_DIMS if device == "cuda" else CPU_DIMS
+    dims = {d: getattr(args, d) if getattr(args, d) is not None else defaults[d] for d in GPU_DIMS}
+    if device == "cpu":
+        from pytest_fla.targets import interpreter, interpreter_bf16
+
+        interpreter.skip_repeated_patching()
+        if not interpreter_bf16.install():
+            print("note: this Triton's interpreter could not be patched: its bf16 products are its own")
+    from pytest_fla.specs.peer import ADAPTERS, PEER
+    from pytest_fla.specs import all_specs
+
+    specs = {s.name: s for s in all_specs() if s.name in ADAPTERS}
+    chosen = args.ops.split(",") if args.ops else [*FIRST, *sorted(set(specs) - set(FIRST))]
+    unknown = [op for op in chosen if op not in specs]
+    if unknown:
+        raise SystemExit(f"--ops: no op with a peer named {', '.join(unknown)} (known: {', '.join(sorted(specs))})")
+    peer = device == "cuda" and importlib.util.find_spec("fla") is not None
+    why_no_peer = None if peer else ("the peer needs a GPU" if device == "cpu" else f"{PEER} is not importable")
+    print(f"{args.dtype} on {device}, dims {dims}, seed {args.seed}; peer: {PEER if peer else why_no_peer}")
+    rows, failed, left = [], {}, []
+    start = time.monotonic()
+    for op in chosen:
+        if time.monotonic() - start > args.budget_s:
+            left.append(op)
+            continue
+        t0 = time.monotonic()
+        try:
+            got = measure(specs[op], dims, args.dtype, device, args.seed, peer)
+        except Exception as e:
+            traceback.print_exc()
+            failed[op] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        rows += got
+        worst = max((r for r in got if r["kind"] == "backward"), key=lambda r: r["ours"], default=None)
+        note = f", worst gradient {worst['tensor']} {worst['ours']:.2e}" if worst else ""
+        print(f"{op}: {time.monotonic() - t0:.1f} s{note}", flush=True)
+        if args.json:
+            write(args.json, args, device, dims, rows, failed, left, why_no_peer)
+    if args.json:
+        write(args.json, args, device, dims, rows, failed, left, why_no_peer)
+    for op, why in failed.items():
+        print(f"{op}: failed: {why}")
+    if left:
+        print(f"not measured (past --budget-s {args.budget_s:.0f}): {', '.join(left)}")
+    print()
+    print(table(rows))
+    return 1 if failed else 0
+
+
+def write(path, args, device, dims, rows, failed, left, why_no_peer):
+    with open(path, "w") as f:
+        json.dump(dict(dtype=args.dtype, device=device, dims=dims, seed=args.seed, peer_missing=why_no_peer,
+                       rows=rows, failed=failed, not_measured=left), f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

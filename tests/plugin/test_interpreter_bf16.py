@@ -1,0 +1,83 @@
+"""The interpreter's bf16 made the GPU's (``pytest_fla/targets/interpreter_bf16.py``), and the
+accuracy comparison that measures with it on the CPU (``benchmarks/peer_accuracy.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import torch
+
+from pytest_fla.targets import interpreter_bf16
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_rounding_to_bf16_is_torchs_round_to_nearest_even():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.logspace(-30, 30, 4096)
+    # ties: the halfway points between neighbouring bf16 values, both parities
+    ties = (torch.arange(1, 9, dtype=torch.int32) * 0x10000 + 0x3F808000).view(torch.float32)
+    x = torch.cat([x, ties, -ties, torch.tensor([0.0, -0.0, float("inf"), float("-inf")])])
+    want = x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(interpreter_bf16.to_bf16_bits(x.numpy()), want)
+    assert np.array_equal(interpreter_bf16.to_float32(want), x.to(torch.bfloat16).float().numpy())
+
+
+PATCHED = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+    from pytest_fla.targets import interpreter_bf16
+    assert interpreter_bf16.install()
+
+    @triton.jit
+    def kernel(a, b, x, c, y, s):
+        r = tl.arange(0, 16)
+        tile = r[:, None] * 16 + r[None, :]
+        ta, tb = tl.load(a + tile), tl.load(b + tile)
+        tl.store(c + tile, tl.dot(ta, tb))
+        tl.store(y + tile, tl.load(x + tile).to(tl.bfloat16))
+        tl.store(s + tile, ta * tb + ta)
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 16).bfloat16(), torch.randn(16, 16).bfloat16()
+    x = torch.randn(16, 16)
+    c, y, s = torch.zeros(16, 16), torch.zeros(16, 16, dtype=torch.bfloat16), torch.zeros(16, 16, dtype=torch.bfloat16)
+    kernel[(1,)](a, b, x, c, y, s)
+    print(float((c - a.double() @ b.double()).abs().max()), bool(torch.equal(y, x.bfloat16())),
+          bool(torch.equal(s, a * b + a)))
+""")
+
+
+def test_the_patched_interpreter_computes_bf16_as_a_gpu():
+    """Exact products accumulated in float32, conversions rounded to nearest, arithmetic
+    rounded once per operation (torch's bf16 arithmetic on the CPU does the same)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    run = subprocess.run([sys.executable, "-c", PATCHED], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    dot_error, converted, arithmetic = run.stdout.split()
+    assert float(dot_error) < 1e-5  # float32 accumulation of 16 exact products of O(1)
+    assert converted == "True" and arithmetic == "True"
+
+
+def test_peer_accuracy_measures_ours_on_the_cpu(tmp_path):
+    """Without a GPU the comparison runs ours alone, the peer column n/a; a correct
+    chunked kernel lands within its bf16 budget, and far from the error of an unpatched
+    interpreter (bit patterns multiplied as integers)."""
+    out = tmp_path / "accuracy.json"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "peer_accuracy.py"), "--device", "cpu",
+                          "--ops", "chunk_gla", "--T", "70", "--K", "16", "--V", "16", "--json", str(out)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.rstrip().splitlines()[-1].startswith("| chunk_gla | ")
+    report = json.loads(out.read_text())
+    assert report["peer_missing"] == "the peer needs a GPU"
+    rows = {r["tensor"]: r for r in report["rows"]}
+    assert set(rows) == {"o", "final_state", "dq", "dk", "dv", "dg", "dinitial_state"}
+    for r in rows.values():
+        assert r["peer"] is None and r["ratio"] is None
+        assert 1e-4 < r["ours"] < 1.6e-2, r  # bf16: above fp32's error, within the forward budget
