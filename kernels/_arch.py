@@ -33,6 +33,16 @@ CAPTURING_LAUNCHES = False
 # numerics and timings were measured with it on.
 COMPILE_OPTIONS = {"enable_fp_fusion": True}
 
+# The per-step (fused recurrent) kernels turn contraction off. Their sums over a tile's
+# columns (``tl.sum(S * x[None, :], 1)``) reduce by a butterfly over a warp's lanes; with
+# contraction the butterfly's first stage is fma(own product, the neighbour's rounded
+# product), so each lane rounds a different product and the lanes' copies of one sum differ
+# in the last bit. Those copies reach a store through shared memory, several lanes writing
+# one word with different values: a write-after-write race that racecheck reports
+# (triton-lang/triton#7264; seen in the gated and delta-rule fused recurrences on sm90).
+# With products rounded first, every lane adds the same numbers.
+RECURRENT_OPTIONS = {**COMPILE_OPTIONS, "enable_fp_fusion": False}
+
 
 def launch_options(num_warps: int, num_stages: int = 1, maxnreg: int | None = None) -> dict:
     """``kernel[grid](..., **launch_options(...))``: warps, stages, ``COMPILE_OPTIONS``, and

@@ -84,7 +84,7 @@ import triton.language as tl
 
 from .. import _arch, _validate
 from .. import _library as library
-from .._arch import COMPILE_OPTIONS
+from .._arch import RECURRENT_OPTIONS
 from .._utils import cdiv, contiguous, empty, shapes_only
 from .._sequence import first_state_slot, longest_sequence, sequence_bounds, state_slots
 
@@ -530,7 +530,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Optional[torc
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state,
             SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
+            num_warps=num_warps, num_stages=1, **RECURRENT_OPTIONS,
         )
     return (o, ht), (ckpt,)
 
@@ -572,7 +572,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
             H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, C=C,
             GATE=gate, L2NORM=l2norm, VARLEN=cu_seqlens is not None,
             USE_DHT=dht is not None, STORE_DH0=dh0 is not None,
-            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
+            num_warps=num_warps, num_stages=1, **RECURRENT_OPTIONS,
         )
 
     dq, dk, dbeta, dg = result["q"], result["k"], result["beta"], result["g"]
@@ -582,7 +582,7 @@ def _backward(grads, saved, q, k, v, g, beta, initial_state, cu_seqlens, cu_seql
         fused_recurrent_delta_reduce_kernel[(n_blocks,)](
             q, k, dq_part, dk_part, dq, dk, dbeta_part, dbeta, dg_part, dg, NTOK,
             H=H, HV=HV, K=K, NV=NV, BK=BK, BT=BT, GATE=gate, L2NORM=l2norm,
-            num_warps=4, **COMPILE_OPTIONS,
+            num_warps=4, **RECURRENT_OPTIONS,
         )
     return result
 

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from .. import _library as library
-from .._arch import COMPILE_OPTIONS
+from .._arch import RECURRENT_OPTIONS
 from .._sequence import first_state_slot, longest_sequence, sequence_bounds, state_slots
 from .._utils import cdiv, contiguous, empty, shapes_only
 from ..delta_rule.fused_recurrent import backward_config, checkpoint_interval, forward_config
@@ -265,7 +265,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
             q, k, v, a, b, gk, o, initial_state, ht, ckpt, cu_seqlens, scale, T,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
             USE_H0=initial_state is not None, STORE_HT=output_final_state, SAVE_CKPT=save_checkpoints,
-            num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
+            num_warps=num_warps, num_stages=1, **RECURRENT_OPTIONS,
         )
     return (o, ht), (ckpt,)
 
@@ -295,13 +295,13 @@ def _backward(grads, saved, q, k, v, a, b, gk, initial_state, cu_seqlens, cu_seq
         dplr_fused_bwd_kernel[(n_programs,)](
             q, k, v, a, b, gk, do, dht, ckpt, scratch, cu_seqlens, *parts, dv, dh0, scale, T, NTOK,
             H=H, K=K, V=V, BK=BK, BV=BV, C=C, VARLEN=cu_seqlens is not None,
-            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1, **COMPILE_OPTIONS,
+            USE_DHT=dht is not None, STORE_DH0=dh0 is not None, num_warps=num_warps, num_stages=1, **RECURRENT_OPTIONS,
         )
     n_rows = NTOK * H
     BR = max(2048 // BK, 1)
     if n_rows > 0:
         dplr_fused_reduce_kernel[(cdiv(n_rows, BR),)](
-            *parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4, **COMPILE_OPTIONS
+            *parts, *grads, n_rows, K=K, NV=NV, BR=BR, BK=BK, num_warps=4, **RECURRENT_OPTIONS
         )
     dq, dk, da, db, dg = grads
     return dict(q=dq, k=dk, v=dv, a=da, b=db, gk=dg, initial_state=dh0)

@@ -81,21 +81,12 @@ import triton
 import triton.language as tl
 
 from .. import _library as library
-from .._arch import COMPILE_OPTIONS
+from .._arch import RECURRENT_OPTIONS
 from .._partials import column_sum
 from .._utils import block_size, cdiv, contiguous, empty
 from .._sequence import first_state_slot, sequence_bounds, state_slots
 from .inputs import check_gated_inputs, retention_gamma
 
-
-# Multiply-add contraction off in this file's kernels. Their per-step sums over a tile's
-# columns (``tl.sum(S * x[None, :], 1)``) reduce by a butterfly over a warp's lanes; with
-# contraction the butterfly's first stage is fma(own product, the neighbour's rounded
-# product), so each lane rounds a different product and the lanes' copies of one sum differ
-# in the last bit. Those copies reach the store through shared memory, several lanes writing
-# one word with different values: a write-after-write race that racecheck reports
-# (triton-lang/triton#7264). With products rounded first, every lane adds the same numbers.
-RECURRENT_OPTIONS = {**COMPILE_OPTIONS, "enable_fp_fusion": False}
 
 @triton.jit
 def _program_tile(cu_seqlens, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
