@@ -1,12 +1,14 @@
 """parallel_attn's time per kernel config, beside every SDPA backend, on one GPU.
 
-    python benchmarks/attention_sweep.py [--only fwd|dkdv|dq] [--dtype bf16] [--d 128] [--rounds 3]
-                                         [--warm JOBS] [--budget S] [--no-combined] [--out FILE]
+    python benchmarks/attention_sweep.py [--only fwd|dkdv|dq] [--match REGEX] [--dtype bf16] [--d 128]
+                                         [--rounds 3] [--warm JOBS] [--budget S] [--no-combined] [--out FILE]
 
 Each variant replaces one kernel's blocks ``(BM, BN, num_warps, num_stages[, descriptors])``
 and keeps the others at the config the op picks today (``kernels.attention.parallel.CONFIGS``
 for this GPU's arch); ``default`` is that config. Dense causal, B=4 T=4096 H=16 (HKV=16, as
-SDPA sees it) at the given head dim.
+SDPA sees it) at the given head dim. ``--only`` keeps one kernel's variants, ``--match`` those
+whose label (e.g. ``dq (128, 64, 8, 3, True)``) the regular expression finds
+(``--match 'True'``: the descriptor variants).
 
 SDPA runs with each backend the machine offers (flash, cuDNN, efficient) and with no
 backend named (its default dispatch), twice: on the bench's ``[B, T, H, D]`` tensors read
@@ -36,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -52,28 +55,33 @@ from bench import SDPA_BACKENDS, sdpa_call  # noqa: E402
 
 B, T, H = 4, 4096, 16
 # Hopper candidates: 128-row query blocks on two warpgroups (8 warps), deeper pipelines,
-# the forward's k and v through tensor descriptors (TMA), and the smaller tiles the
-# defaults came from. BN divides BM in the forward and dq, BM divides BN in dk/dv.
+# the walked-over tiles through tensor descriptors (TMA: the forward's and dq's k and v,
+# dk/dv's q and do), and the smaller tiles the defaults came from. BN divides BM in the
+# forward and dq, BM divides BN in dk/dv.
 VARIANTS = {
     "fwd": [(128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 4),
             (64, 32, 4, 3), (64, 64, 4, 3, True), (128, 64, 8, 3, True), (128, 128, 8, 3, True), (128, 64, 8, 4, True)],
     "dkdv": [(32, 128, 4, 3), (32, 128, 4, 5), (64, 128, 8, 2), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3),
-             (32, 128, 8, 2)],
-    "dq": [(128, 32, 4, 3), (128, 32, 4, 5), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3)],
+             (32, 128, 8, 2), (64, 64, 4, 2, True), (64, 64, 4, 3, True), (32, 64, 4, 3, True), (64, 128, 8, 2, True),
+             (64, 128, 8, 3, True), (32, 128, 8, 2, True), (64, 64, 8, 2, True)],
+    "dq": [(128, 32, 4, 3), (128, 32, 4, 5), (128, 64, 8, 2), (128, 64, 8, 3), (64, 32, 4, 3), (64, 64, 4, 3),
+           (64, 64, 4, 2, True), (64, 64, 4, 3, True), (128, 64, 8, 2, True), (128, 64, 8, 3, True),
+           (128, 128, 8, 2, True), (64, 32, 4, 3, True)],
 }
 MODES = ("fwd", "fwd_bwd")
 
 
-def variant_blocks(only=None) -> dict:
-    """label -> (kernel, Blocks) of each variant."""
-    return {f"{kernel} {b}": (kernel, attn.Blocks(*b)) for kernel, blocks in VARIANTS.items() if not only or kernel == only
-            for b in blocks}
+def variant_blocks(only=None, match=None) -> dict:
+    """label -> (kernel, Blocks) of each variant (of kernel ``only``, whose label the regular
+    expression ``match`` finds)."""
+    return {label: (kernel, attn.Blocks(*b)) for kernel, blocks in VARIANTS.items() if not only or kernel == only
+            for b in blocks for label in [f"{kernel} {b}"] if not match or re.search(match, label)}
 
 
-def variant_configs(default, only=None) -> dict:
+def variant_configs(default, only=None, match=None) -> dict:
     """label -> AttentionConfigs: the default, then one kernel's blocks replaced at a time."""
     return {"default": default, **{label: dataclasses.replace(default, **{kernel: blocks})
-                                   for label, (kernel, blocks) in variant_blocks(only).items()}}
+                                   for label, (kernel, blocks) in variant_blocks(only, match).items()}}
 
 
 class Line:
@@ -176,7 +184,7 @@ def warm_lines(lines: dict, results: dict, deadline: float) -> dict:
     return ready
 
 
-def combined_config(default, results: dict, only=None):
+def combined_config(default, results: dict, only=None, match=None):
     """Each kernel's fastest variant together (forward by forward time, the backward's
     kernels by forward+backward time); None where no variant beat the default."""
     def median(label, mode):
@@ -184,7 +192,7 @@ def combined_config(default, results: dict, only=None):
         return statistics.median(times) if times and "error" not in results[label] else float("inf")
 
     picks = {}
-    variants = variant_blocks(only)
+    variants = variant_blocks(only, match)
     for kernel, mode in (("fwd", "fwd"), ("dkdv", "fwd_bwd"), ("dq", "fwd_bwd")):
         best = min((label for label, (k, _) in variants.items() if k == kernel), key=lambda label: median(label, mode),
                    default=None)
@@ -254,6 +262,7 @@ def warm_children(labels: list, args, deadline: float) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(VARIANTS), help="sweep one kernel's blocks only")
+    parser.add_argument("--match", metavar="REGEX", help="sweep the variants whose label REGEX finds")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--d", type=int, default=128, help="head dim")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -266,7 +275,7 @@ def main():
     deadline = time.time() + args.budget
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     default = attn.attention_configs(args.d, args.d, dtype)
-    configs = variant_configs(default, args.only)
+    configs = variant_configs(default, args.only, args.match)
     if args.warm_only:
         ours_line(*inputs(args.d, dtype), configs[args.warm_only]).warm()
         return
@@ -281,7 +290,7 @@ def main():
     time_rounds(warm_lines(lines, results, sweep_deadline), args.rounds, sweep_deadline, results)
     extra = []
     if not args.no_combined:
-        cfg, picks = combined_config(default, results, args.only)
+        cfg, picks = combined_config(default, results, args.only, args.match)
         if cfg is None:
             extra.append("combined: no variant beat the default")
         else:

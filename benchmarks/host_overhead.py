@@ -1,6 +1,6 @@
 """Host time of one launch and of the host-bound bench lines, on the GPU machine.
 
-    python benchmarks/host_overhead.py [bench names]
+    python benchmarks/host_overhead.py [--profile] [bench names]
 
 A bench line whose kernels take less time than the CPU needs to issue them is timed as
 host time (``side_profile.py`` shows which). This splits that time: a no-op Triton
@@ -8,7 +8,12 @@ kernel's launch with few and with many arguments, ``torch.empty``, and each name
 forward, forward with autograd, forward+backward, the backward alone and forward+backward
 with every launch suppressed (our side), each as the CPU's time to issue one call, the GPU
 left to lag behind (median of several rounds of many calls). ``FLA_HOST_TINY=1`` runs the
-lines at tiny shapes, where the GPU never lags.
+lines at tiny shapes, where the GPU never lags. ``--profile`` then shows where each line's
+forward+backward with launches suppressed spends its CPU time
+(``side_profile.host_functions``: operators and CUDA runtime calls by self CPU time, where a
+device synchronize or a copy to the host shows up as ``cudaStreamSynchronize`` /
+``cudaMemcpyAsync`` and an allocation that reaches the driver as ``cudaMalloc``, then the
+Python functions of most own time).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import bench  # noqa: E402
+from side_profile import host_functions  # noqa: E402
 
 
 @triton.jit
@@ -48,7 +54,7 @@ def suppressed(fn):
     return call
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], profiled: bool = False) -> None:
     if os.environ.get("FLA_HOST_TINY") == "1":  # shapes whose kernels take next to no GPU time
         bench.HGRN.update(B=1, T=64, D=64)
         bench.LINEAR.update(B=1, T=64, H=2)
@@ -88,7 +94,14 @@ def main(names: list[str]) -> None:
           f"{os.cpu_count()} CPUs, 1-minute load average {os.getloadavg()[0]:.2f}")
     for label, calls, fn in rows:
         print(f"{issue_us(fn, calls=calls):9.1f}  {label}")
+    if profiled:
+        for label, _, fn in rows:
+            if label.endswith("launches suppressed"):
+                fn()
+                print(f"\n{label}, per call: self CPU time by operator and CUDA runtime call")
+                print(host_functions(fn, calls=50))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["chunk_hgrn"])
+    args = sys.argv[1:]
+    main([a for a in args if a != "--profile"] or ["chunk_hgrn"], profiled="--profile" in args)

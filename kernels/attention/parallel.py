@@ -19,9 +19,10 @@ scale, so the exponentials are ``exp2``); in the blocks without a mask the scale
 each exponent through one multiply-add (``s c - m``, the block's maximum being the raw
 maximum times ``c = |scale| log2(e)``; a negative scale's sign is carried by q, exactly).
 Products accumulate in fp32, and ``p`` goes to the second product in the input dtype
-(tensor cores). Where the config asks (``Blocks.descriptors``) the forward reads k and v
-through tensor descriptors (TMA on sm90 and newer), for fixed-length batches with
-power-of-two head dims; pointer loads otherwise. The program stores ``o`` and the
+(tensor cores). Where a kernel's config asks (``Blocks.descriptors``) it reads the tiles it
+walks over (forward and dq: k and v; dk/dv: q and do) through tensor descriptors (TMA on
+sm90 and newer), for fixed-length batches with power-of-two head dims; pointer loads
+otherwise. The program stores ``o`` and the
 row's logsumexp ``lse = m + log2(l)`` (log2 units, float32) for the backward.
 
 Backward, with ``delta_i = do_i . o_i`` (``attn_bwd_delta_kernel``)::
@@ -195,6 +196,16 @@ def _key_tiles(k_blk, v_blk, k_desc, v_desc, desc_row, n0, L, K_ROW: tl.constexp
 
 
 @triton.jit
+def _desc_row(bos, T, head, USE_DESC: tl.constexpr):
+    """(sequence, head) of a tile in a descriptor over ``[B, T, heads * dim]``; fixed
+    length only, where ``bos`` is a multiple of T."""
+    if USE_DESC:
+        return (bos // T).to(tl.int32), head.to(tl.int32)
+    else:
+        return 0, 0
+
+
+@triton.jit
 def _log2_scores(s, rows, keys, L, window, qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                  HAS_WINDOW: tl.constexpr):
     """Scores ``s`` in log2 units, ``-inf`` where masked."""
@@ -202,18 +213,6 @@ def _log2_scores(s, rows, keys, L, window, qk_scale, MASKED: tl.constexpr, CAUSA
     if MASKED:
         s = tl.where(_allowed(rows, keys, L, window, CAUSAL, HAS_WINDOW), s, float("-inf"))
     return s
-
-
-@triton.jit
-def _key_block(qb, k_blk, v_blk, n0, rows, L, window, qk_scale, K_ROW: tl.constexpr, V_ROW: tl.constexpr,
-               D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """Key block ``n0``'s k and v tiles and the scores ``[BM, BN]`` of query rows ``rows``
-    against it, in log2 units (``-inf`` where masked)."""
-    kb, vb = _key_tiles(k_blk, v_blk, k_blk, v_blk, (0, 0), n0, L, K_ROW, V_ROW, D, DV, BN, BD, BDV, MASKED, False)
-    s = _log2_scores(mm(qb, tl.trans(kb)), rows, n0 + tl.arange(0, BN), L, window, qk_scale, MASKED, CAUSAL,
-                     HAS_WINDOW)
-    return kb, vb, s
 
 
 @triton.jit
@@ -270,10 +269,7 @@ def attn_fwd_kernel(
         qb = -qb
     k_blk = _tile_ptrs(k, bos, i_hkv, HKV, D, BN, BD)
     v_blk = _tile_ptrs(v, bos, i_hkv, HKV, DV, BN, BDV)
-    if USE_DESC:
-        desc_row = ((bos // T).to(tl.int32), i_hkv.to(tl.int32))  # fixed length: bos is a multiple of T
-    else:
-        desc_row = (0, 0)
+    desc_row = _desc_row(bos, T, i_hkv, USE_DESC)
 
     m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BM], dtype=tl.float32)
@@ -311,19 +307,24 @@ def attn_bwd_delta_kernel(o, do, delta, TOTAL, H: tl.constexpr, DV: tl.constexpr
 
 
 @triton.jit
-def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, lse_row, delta_row, keys, m_lo, m_hi, L, window, qk_scale,
-                  Q_ROW: tl.constexpr, DO_ROW: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row, delta_row, keys, m_lo, m_hi, L,
+                  window, qk_scale, Q_ROW: tl.constexpr, DO_ROW: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BM: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_DESC: tl.constexpr):
     """dk, dv of one key block from query blocks ``[m_lo, m_hi)`` of one query head, in the
-    transposed form (scores ``[BN, BM]``), so no tile is transposed in registers."""
+    transposed form (scores ``[BN, BM]``), so no tile is transposed in registers. With
+    ``USE_DESC`` the q and do tiles come through tensor descriptors (rows past the
+    sequence's end read as zero), as the forward's k and v do."""
     o_m = tl.arange(0, BM)
     c_d = tl.arange(0, BD) < D
     c_dv = tl.arange(0, BDV) < DV
     for m0 in range(m_lo, m_hi, BM):
         rows = m0 + o_m
         row_ok = rows < L
-        qb = _tile_load(q_blk + tl.cast(m0, tl.int64) * Q_ROW, row_ok, c_d, MASKED, BD != D)
+        if USE_DESC:
+            qb = q_desc.load([desc_row[0], m0, desc_row[1] * D]).reshape(BM, BD)
+        else:
+            qb = _tile_load(q_blk + tl.cast(m0, tl.int64) * Q_ROW, row_ok, c_d, MASKED, BD != D)
         if MASKED:
             lse_m = tl.load(lse_row + rows, mask=row_ok, other=0.0)
         else:
@@ -332,7 +333,10 @@ def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, lse_row, delta_row, keys, m_lo,
         if MASKED:
             sT = tl.where(tl.trans(_allowed(rows, keys, L, window, CAUSAL, HAS_WINDOW)), sT, float("-inf"))
         pT = tl.exp2(sT - lse_m[None, :])
-        dob = _tile_load(do_blk + tl.cast(m0, tl.int64) * DO_ROW, row_ok, c_dv, MASKED, BDV != DV)
+        if USE_DESC:
+            dob = do_desc.load([desc_row[0], m0, desc_row[1] * DV]).reshape(BM, BDV)
+        else:
+            dob = _tile_load(do_blk + tl.cast(m0, tl.int64) * DO_ROW, row_ok, c_dv, MASKED, BDV != DV)
         dv = mm_acc(pT.to(dob.dtype), dob, dv)
         if MASKED:
             delta_m = tl.load(delta_row + rows, mask=row_ok, other=0.0)
@@ -346,10 +350,10 @@ def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, lse_row, delta_row, keys, m_lo,
 
 @triton.jit
 def attn_bwd_dkdv_kernel(
-    q, k, v, do, lse, delta, dk, dv, block_map, cu_seqlens, scale, window, T, TOTAL,
+    q, k, v, do, lse, delta, dk, dv, q_desc, do_desc, block_map, cu_seqlens, scale, window, T, TOTAL,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, USE_DESC: tl.constexpr,
 ):
     i_block = tl.program_id(0).to(tl.int64)
     i_hkv = tl.program_id(1).to(tl.int64)
@@ -375,14 +379,17 @@ def attn_bwd_dkdv_kernel(
         do_blk = _tile_ptrs(do, bos, i_h, H, DV, BM, BDV)
         lse_row = lse + i_h * TOTAL + bos
         delta_row = delta + i_h * TOTAL + bos
+        desc_row = _desc_row(bos, T, i_h, USE_DESC)
         if CAUSAL:  # (without it lo == a)
-            dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, lse_row, delta_row, keys, lo, a, L,
-                                           window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV, True, CAUSAL,
-                                           HAS_WINDOW)
-        dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, lse_row, delta_row, keys, a, b, L,
-                                       window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV, False, CAUSAL, HAS_WINDOW)
-        dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, lse_row, delta_row, keys, b, hi, L,
-                                       window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV, True, CAUSAL, HAS_WINDOW)
+            dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
+                                           delta_row, keys, lo, a, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD,
+                                           BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
+        dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
+                                       delta_row, keys, a, b, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV,
+                                       False, CAUSAL, HAS_WINDOW, USE_DESC)
+        dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
+                                       delta_row, keys, b, hi, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV,
+                                       True, CAUSAL, HAS_WINDOW, USE_DESC)
 
     dk_tile = _tile_ptrs(dk, bos + n0, i_hkv, HKV, D, BN, BD)
     dv_tile = _tile_ptrs(dv, bos + n0, i_hkv, HKV, DV, BN, BDV)
@@ -391,13 +398,15 @@ def attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dq_keys(dq, qb, dob, lse_m, delta_m, k_blk, v_blk, rows, n_lo, n_hi, L, window, qk_scale,
-             K_ROW: tl.constexpr, V_ROW: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr,
+def _dq_keys(dq, qb, dob, lse_m, delta_m, k_blk, v_blk, k_desc, v_desc, desc_row, rows, n_lo, n_hi, L, window,
+             qk_scale, K_ROW: tl.constexpr, V_ROW: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr,
              BD: tl.constexpr, BDV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-             HAS_WINDOW: tl.constexpr):
+             HAS_WINDOW: tl.constexpr, USE_DESC: tl.constexpr):
     for n0 in range(n_lo, n_hi, BN):
-        kb, vb, s = _key_block(qb, k_blk, v_blk, n0, rows, L, window, qk_scale, K_ROW, V_ROW, D, DV, BN, BD, BDV,
-                               MASKED, CAUSAL, HAS_WINDOW)
+        kb, vb = _key_tiles(k_blk, v_blk, k_desc, v_desc, desc_row, n0, L, K_ROW, V_ROW, D, DV, BN, BD, BDV, MASKED,
+                            USE_DESC)
+        s = _log2_scores(mm(qb, tl.trans(kb)), rows, n0 + tl.arange(0, BN), L, window, qk_scale, MASKED, CAUSAL,
+                         HAS_WINDOW)
         p = tl.exp2(s - lse_m[:, None])
         dp = mm(dob, tl.trans(vb))
         ds = p * (dp - delta_m[:, None])
@@ -407,10 +416,10 @@ def _dq_keys(dq, qb, dob, lse_m, delta_m, k_blk, v_blk, rows, n_lo, n_hi, L, win
 
 @triton.jit
 def attn_bwd_dq_kernel(
-    q, k, v, do, lse, delta, dq, block_map, cu_seqlens, scale, window, T, TOTAL,
+    q, k, v, do, lse, delta, dq, k_desc, v_desc, block_map, cu_seqlens, scale, window, T, TOTAL,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, USE_DESC: tl.constexpr,
 ):
     i_block = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1).to(tl.int64)
@@ -429,16 +438,17 @@ def attn_bwd_dq_kernel(
     delta_m = tl.load(delta + i_h * TOTAL + bos + rows, mask=row_ok, other=0.0)
     k_blk = _tile_ptrs(k, bos, i_hkv, HKV, D, BN, BD)
     v_blk = _tile_ptrs(v, bos, i_hkv, HKV, DV, BN, BDV)
+    desc_row = _desc_row(bos, T, i_hkv, USE_DESC)
 
     dq_acc = tl.zeros([BM, BD], dtype=tl.float32)
     lo, a, b, hi = _key_segments(m0, L, window, BM, BN, CAUSAL, HAS_WINDOW)
     if HAS_WINDOW:
-        dq_acc = _dq_keys(dq_acc, qb, dob, lse_m, delta_m, k_blk, v_blk, rows, lo, a, L, window, qk_scale,
-                          HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW)
-    dq_acc = _dq_keys(dq_acc, qb, dob, lse_m, delta_m, k_blk, v_blk, rows, a, b, L, window, qk_scale,
-                      HKV * D, HKV * DV, D, DV, BN, BD, BDV, False, CAUSAL, HAS_WINDOW)
-    dq_acc = _dq_keys(dq_acc, qb, dob, lse_m, delta_m, k_blk, v_blk, rows, b, hi, L, window, qk_scale,
-                      HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW)
+        dq_acc = _dq_keys(dq_acc, qb, dob, lse_m, delta_m, k_blk, v_blk, k_desc, v_desc, desc_row, rows, lo, a, L,
+                          window, qk_scale, HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
+    dq_acc = _dq_keys(dq_acc, qb, dob, lse_m, delta_m, k_blk, v_blk, k_desc, v_desc, desc_row, rows, a, b, L,
+                      window, qk_scale, HKV * D, HKV * DV, D, DV, BN, BD, BDV, False, CAUSAL, HAS_WINDOW, USE_DESC)
+    dq_acc = _dq_keys(dq_acc, qb, dob, lse_m, delta_m, k_blk, v_blk, k_desc, v_desc, desc_row, rows, b, hi, L,
+                      window, qk_scale, HKV * D, HKV * DV, D, DV, BN, BD, BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
     dq_tile = _tile_ptrs(dq, bos + m0, i_h, H, D, BM, BD)
     tl.store(dq_tile, (dq_acc * scale).to(dq.dtype.element_ty), mask=row_ok[:, None] & c_d[None, :])
 
@@ -449,8 +459,9 @@ class Blocks:
     BN: int  # key rows per block
     num_warps: int
     num_stages: int
-    # forward only: k and v tiles through tensor descriptors (TMA on sm90 and newer), where
-    # ``_descriptors`` allows them; pointer loads otherwise
+    # the tiles the kernel walks over (forward and dq: k and v; dk/dv: q and do) through
+    # tensor descriptors (TMA on sm90 and newer), where ``_descriptors`` allows them;
+    # pointer loads otherwise
     descriptors: bool = False
 
 
@@ -479,7 +490,7 @@ def attention_configs(D: int, DV: int, dtype) -> AttentionConfigs:
 
 KB = 1024
 # (bytes per element, head dim up to) -> [(least shared memory, forward, dk/dv, dq)], the
-# largest budget first; blocks are (BM, BN, num_warps, num_stages). BN divides BM in the
+# largest budget first; blocks are (BM, BN, num_warps, num_stages[, descriptors]). BN divides BM in the
 # forward and dq, BM divides BN in dk/dv (the segment arithmetic relies on it). Budgets:
 # sm90/sm100 227 KB, sm80 163 KB, sm86/89/120 99 KB; every entry compiles within its
 # arch's limit (tests/test_compile.py --fla-arch=all; the largest, by offline compile:
@@ -491,10 +502,12 @@ CONFIGS = {
         (0, (128, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),
     ],
     (2, 128): [
-        # measured on an H200, bf16 B=4 T=4096 H=16 causal, one kernel varied at a time
-        # (benchmarks/attention_sweep.py): forward 0.75 ms against 0.81 for (128, 64, 8, 3),
-        # dk/dv 64 x 64 saves 0.57 ms of 3.66 against (32, 128, 8, 3), dq 64 x 64 0.14 ms
-        (200 * KB, (64, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2)),
+        # measured bf16 B=4 T=4096 H=16 causal, one kernel varied at a time
+        # (benchmarks/attention_sweep.py): on an H100 the forward with k and v through
+        # tensor descriptors takes 0.594 ms against 0.774 for pointer loads (and 0.608 for
+        # (128, 128, 8, 3, True)); on an H200 dk/dv 64 x 64 saves 0.57 ms of 3.66 against
+        # (32, 128, 8, 3), dq 64 x 64 0.14 ms
+        (200 * KB, (64, 64, 4, 3, True), (64, 64, 4, 2), (64, 64, 4, 2)),
         (160 * KB, (128, 64, 8, 2), (32, 128, 8, 2), (64, 32, 4, 2)),
         (0, (128, 64, 4, 2), (32, 128, 4, 2), (128, 32, 4, 2)),
     ],
@@ -530,27 +543,31 @@ def _blocks_grid(B: int, T: int, offsets_host, block: int, device, order: str = 
     return table.shape[0], table
 
 
-def _descriptors(k: torch.Tensor, v: torch.Tensor, c: Blocks, varlen: bool):
-    """Tensor descriptors of k and v as ``[B, T, heads * dim]`` with ``[1, BN, dim]`` boxes,
-    or (None, None) where the config does not ask for them or they cannot be used: packed
-    sequences (a box would run into the next sequence, where the pointer loads mask),
-    head dims that are not powers of two (a box would read the next head's columns),
-    targets before sm90 (no TMA; the interpreter emulates them), rows not 16-byte aligned."""
+def _descriptors(tensors, rows: int, c: Blocks, varlen: bool):
+    """Tensor descriptors of each ``[B, T, heads, dim]`` tensor as ``[B, T, heads * dim]``
+    with ``[1, rows, dim]`` boxes, or Nones where the config does not ask for them or they
+    cannot be used: packed sequences (a box would run into the next sequence, where the
+    pointer loads mask), head dims that are not powers of two (a box would read the next
+    head's columns), targets before sm90 (no TMA; the interpreter emulates them), rows not
+    16-byte aligned."""
+    none = (None,) * len(tensors)
     if not c.descriptors or varlen:
-        return None, None
+        return none
     if not (_arch.is_interpreter() or _arch.target_arch() >= 90):
-        return None, None
+        return none
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError:
-        return None, None
-    B, T, HKV, D = k.shape
-    DV = v.shape[3]
-    if D != block_size(D) or DV != block_size(DV) or any(t.data_ptr() % 16 or (HKV * t.shape[3] * t.element_size()) % 16
-                                                         for t in (k, v)):
-        return None, None
-    return tuple(TensorDescriptor(t.view(B, T, HKV * t.shape[3]), [B, T, HKV * t.shape[3]],
-                                  [T * HKV * t.shape[3], HKV * t.shape[3], 1], [1, c.BN, t.shape[3]]) for t in (k, v))
+        return none
+    if any(t.shape[3] != block_size(t.shape[3]) or t.data_ptr() % 16 or (t.shape[2] * t.shape[3] * t.element_size()) % 16
+           for t in tensors):
+        return none
+
+    def descriptor(t):
+        B, T, heads, dim = t.shape
+        return TensorDescriptor(t.view(B, T, heads * dim), [B, T, heads * dim], [T * heads * dim, heads * dim, 1],
+                                [1, rows, dim])
+    return tuple(descriptor(t) for t in tensors)
 
 
 def _window_arg(window_size, T: int):
@@ -574,7 +591,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: Opti
     c = cfg.fwd
     rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
     if rows > 0:
-        k_desc, v_desc = _descriptors(k, v, c, cu_seqlens is not None)
+        k_desc, v_desc = _descriptors((k, v), c.BN, c, cu_seqlens is not None)
         attn_fwd_kernel[(rows, H)](
             q, k, v, o, lse, k_desc, v_desc, table, cu_seqlens, scale, window or 0, T, B * T,
             H=H, HKV=HKV, D=D, DV=DV, BM=c.BM, BN=c.BN, BD=block_size(D), BDV=block_size(DV),
@@ -605,16 +622,20 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
     c = cfg.dkdv
     rows, table = _blocks_grid(B, T, offsets, c.BN, q.device, EARLY_FIRST if causal else IN_ORDER)
     if rows > 0:
+        q_desc, do_desc = _descriptors((q, do), c.BM, c, cu_seqlens is not None)
         attn_bwd_dkdv_kernel[(rows, HKV)](
-            q, k, v, do, lse, delta, dk, dv, table, cu_seqlens, scale, window or 0, T, B * T,
-            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
+            q, k, v, do, lse, delta, dk, dv, q_desc, do_desc, table, cu_seqlens, scale, window or 0, T, B * T,
+            BM=c.BM, BN=c.BN, **common, USE_DESC=q_desc is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     c = cfg.dq
     rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
     if rows > 0:
+        k_desc, v_desc = _descriptors((k, v), c.BN, c, cu_seqlens is not None)
         attn_bwd_dq_kernel[(rows, H)](
-            q, k, v, do, lse, delta, dq, table, cu_seqlens, scale, window or 0, T, B * T,
-            BM=c.BM, BN=c.BN, **common, num_warps=c.num_warps, num_stages=c.num_stages, **COMPILE_OPTIONS,
+            q, k, v, do, lse, delta, dq, k_desc, v_desc, table, cu_seqlens, scale, window or 0, T, B * T,
+            BM=c.BM, BN=c.BN, **common, USE_DESC=k_desc is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     return dict(q=dq, k=dk, v=dv)
 

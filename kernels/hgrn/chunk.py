@@ -86,11 +86,19 @@ def _scan_chunk_maps(A, B, carry_in, init, final, i_n, slot0, n, cols, m_d, D, N
 
 
 @triton.jit
-def _summary(xs, g, A, B, carry_in, init, final, done, cu_seqlens, chunk_map, T, D, BT: tl.constexpr,
+def _maps(maps, slots, D):
+    """The three ``[slots, D]`` planes of ``maps`` (``_Layout.maps``): A, B, the entering states."""
+    plane = tl.cast(slots, tl.int64) * D
+    return maps, maps + plane, maps + 2 * plane
+
+
+@triton.jit
+def _summary(xs, g, maps, slots, init, final, done, cu_seqlens, chunk_map, T, D, BT: tl.constexpr,
              NC: tl.constexpr, BD: tl.constexpr, REVERSE: tl.constexpr, USE_INIT: tl.constexpr,
              STORE_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr):
     """The chunk's map ``state_out = A state_in + B`` (forward: xs = x; REVERSE: xs = do);
     the sequence's last program to finish its map scans them all (``_scan_chunk_maps``)."""
+    A, B, carry_in = _maps(maps, slots, D)
     i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
     cols, m_d = channel_block(d0, D, BD)
     zero = tl.zeros([BD], dtype=tl.float32)
@@ -120,8 +128,9 @@ def _summary(xs, g, A, B, carry_in, init, final, done, cu_seqlens, chunk_map, T,
 
 
 @triton.jit
-def _output_fwd(x, g, o, carry_in, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
+def _output_fwd(x, g, o, maps, slots, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
                 IS_VARLEN: tl.constexpr):
+    _, _, carry_in = _maps(maps, slots, D)
     i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
     cols, m_d = channel_block(d0, D, BD)
     carry = tl.load(carry_in + slot * D + cols, mask=m_d, other=0.0)
@@ -129,8 +138,9 @@ def _output_fwd(x, g, o, carry_in, cu_seqlens, chunk_map, T, D, BT: tl.constexpr
 
 
 @triton.jit
-def _output_bwd(g, o, h0, do, dx, dg, carry_in, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
+def _output_bwd(g, o, h0, do, dx, dg, maps, slots, cu_seqlens, chunk_map, T, D, BT: tl.constexpr, BD: tl.constexpr,
                 USE_H0: tl.constexpr, IS_VARLEN: tl.constexpr):
+    _, _, carry_in = _maps(maps, slots, D)
     i_n, t0, n_rows, slot, d0 = _chunk_of_program(cu_seqlens, chunk_map, T, D, BT, BD, IS_VARLEN)
     cols, m_d = channel_block(d0, D, BD)
     bos, _, _ = chunk_span(i_n, cu_seqlens, T, BT, IS_VARLEN)
@@ -174,19 +184,21 @@ class _Layout:
 
 
 def _scan_passes(xs, g, init, final_dtype, lay: _Layout, reverse: bool, counters):
-    """Pass 1 (module docstring): the state entering every chunk, and the final one in
-    ``final_dtype`` (None: not wanted). ``counters``: zero (``_Layout.counters``), and left zero."""
+    """Pass 1 (module docstring): the state entering every chunk (in the buffer it returns,
+    ``_maps``), and the final one in ``final_dtype`` (None: not wanted). ``counters``: zero
+    (``_Layout.counters``), and left zero."""
     need_final = final_dtype is not None
-    # the maps A, B and the entering states in one allocation
-    A, B, carry_in = _utils.empty((3, lay.slots, lay.D), torch.float32, g.device).unbind(0)
+    # the maps A, B and the entering states in one allocation, split in the kernels (three
+    # views would cost an unbind's host time on every pass)
+    maps = _utils.empty((3, lay.slots, lay.D), torch.float32, g.device)
     final = _utils.empty((lay.N, lay.D), final_dtype, g.device) if need_final else None
     if lay.n_chunks > 0:
-        _summary[lay.chunk_grid()](xs, g, A, B, carry_in, init, final, counters, lay.cu_seqlens, lay.chunk_map,
+        _summary[lay.chunk_grid()](xs, g, maps, lay.slots, init, final, counters, lay.cu_seqlens, lay.chunk_map,
                                    **lay.chunk_args(), NC=lay.cfg["carry"]["NC"], REVERSE=reverse,
                                    USE_INIT=init is not None, STORE_FINAL=need_final, **COMPILE_OPTIONS)
     if need_final:
         _sequences_without_chunks(final, init, lay)
-    return carry_in, final
+    return maps, final
 
 
 def _sequences_without_chunks(final, init, lay: _Layout) -> None:
@@ -211,11 +223,11 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
     x, g, initial_state = _utils.contiguous(x, g, initial_state)
     lay = _Layout(x, cu_seqlens, offsets)
     counters = lay.counters(x.device)
-    carry_in, final_state = _scan_passes(x, g, initial_state, torch.float32 if output_final_state else None, lay,
+    maps, final_state = _scan_passes(x, g, initial_state, torch.float32 if output_final_state else None, lay,
                                          False, counters)
     o = _utils.empty_like(x)
     if lay.n_chunks > 0:
-        _output_fwd[lay.chunk_grid()](x, g, o, carry_in, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
+        _output_fwd[lay.chunk_grid()](x, g, o, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
     return (o, final_state), ((counters,) if keep else ())
 
 
@@ -228,11 +240,11 @@ def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, out
     lay = _Layout(o, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     counters = saved[0] if saved else lay.counters(o.device)
-    carry_in, dh0 = _scan_passes(do, g, dht, initial_state.dtype if need_dh0 else None, lay, True, counters)
+    maps, dh0 = _scan_passes(do, g, dht, initial_state.dtype if need_dh0 else None, lay, True, counters)
     dx = _utils.empty(o.shape, x.dtype, o.device)
     dg = _utils.empty_like(g)
     if lay.n_chunks > 0:
-        _output_bwd[lay.chunk_grid()](g, o, initial_state, do, dx, dg, carry_in, cu_seqlens, lay.chunk_map,
+        _output_bwd[lay.chunk_grid()](g, o, initial_state, do, dx, dg, maps, lay.slots, cu_seqlens, lay.chunk_map,
                                       **lay.chunk_args(), USE_H0=initial_state is not None, **COMPILE_OPTIONS)
     return dict(x=dx, g=dg, initial_state=dh0)
 

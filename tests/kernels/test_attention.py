@@ -109,17 +109,22 @@ def test_packed_tables_put_the_heaviest_causal_blocks_first():
 @pytest.mark.parametrize("causal, window_size", [(True, None), (False, None), (True, 7), (False, 9)])
 def test_descriptor_loads_and_signed_scales(monkeypatch, descriptors, scale, causal, window_size):
     """The forward's unmasked blocks take the scale's magnitude in one multiply-add and its
-    sign in q; its k and v tiles come through tensor descriptors where the config asks
-    (boxes past the sequence's end read zeros). Both against the float64 reference, at a
-    length that leaves a partial block and with grouped heads, forward and backward."""
+    sign in q; the tiles every kernel walks over (forward and dq: k and v, dk/dv: q and do)
+    come through tensor descriptors where the config asks (boxes past the sequence's end
+    read zeros). Both against the float64 reference, at a length that leaves a partial
+    block and with grouped heads, forward and backward."""
     device = numeric_device()
     if device.type != "cuda" and not _arch.is_interpreter():
         pytest.skip("numeric check: needs a GPU or the interpreter")
     base = attention_configs
     monkeypatch.setattr(attention, "attention_configs", lambda D, DV, dtype: dataclasses.replace(
-        base(D, DV, dtype), fwd=Blocks(32, 16, 4, 2, descriptors), dkdv=Blocks(16, 32, 4, 2), dq=Blocks(32, 16, 4, 2)))
+        base(D, DV, dtype), fwd=Blocks(32, 16, 4, 2, descriptors), dkdv=Blocks(16, 32, 4, 2, descriptors),
+        dq=Blocks(32, 16, 4, 2, descriptors)))
     if descriptors and device.type == "cuda" and _arch.target_arch() < 90:
         pytest.skip("tensor descriptors: sm90 and newer")
+    made = []  # the descriptors each launch got: all of them, or none (pointer loads)
+    make = attention._descriptors
+    monkeypatch.setattr(attention, "_descriptors", lambda *a: made.append(make(*a)) or made[-1])
     torch.manual_seed(0)
     B, T, H, HKV, D = 2, 37, 2, 1, 16
     q, k, v = (torch.randn(B, T, heads, D, device=device) for heads in (H, HKV, HKV))
@@ -130,6 +135,7 @@ def test_descriptor_loads_and_signed_scales(monkeypatch, descriptors, scale, cau
     refs = [t.double().requires_grad_(True) for t in (q, k, v)]
     ref = reference.attention(*refs, scale=scale, causal=causal, window_size=window_size)
     ref.backward(do.double())
+    assert len(made) == 3 and all((d is not None) == descriptors for pair in made for d in pair)
     assert_close("o", o, ref, "fp32")
     for name, ours, theirs in zip("qkv", leaves, refs):
         assert_close(f"d{name}", ours.grad, theirs.grad, "fp32")

@@ -41,6 +41,13 @@ def _scan_kernel(a, b, out_a, out_b, BT: tl.constexpr, BD: tl.constexpr):
     tl.store(out_b + offs, pb)
 
 
+def _entering(passes):
+    """(the states entering the chunks, the final state) from ``_scan_passes``'s (maps, final):
+    the entering states are the third plane of the maps buffer."""
+    maps, final = passes
+    return maps[2], final
+
+
 @pytest.mark.parametrize("BT", [2, 32, 64])
 def test_affine_scan_is_the_step_by_step_recurrence(BT):
     """Row i: (prod_{s <= i} a_s, h_i) with h_i = a_i h_{i-1} + b_i from h = 0, decays
@@ -75,7 +82,7 @@ def test_states_entering_every_chunk(reverse):
     NT = -(-T // BT)
     if not reverse:
         counters = lay.counters(x.device)
-        carry_in, final = hgrn_chunk._scan_passes(x, g, h0, torch.float32, lay, False, counters)
+        carry_in, final = _entering(hgrn_chunk._scan_passes(x, g, h0, torch.float32, lay, False, counters))
         ref_o, ref_final = reference.hgrn(x, g, h0, True)
         entering = torch.stack([h0.double()] + [ref_o[:, c * BT - 1] for c in range(1, NT)], 1)
     else:
@@ -88,15 +95,15 @@ def test_states_entering_every_chunk(reverse):
         nxt = [(g64[:, (c + 1) * BT].exp() * dx[:, (c + 1) * BT]).detach() for c in range(NT - 1)]
         entering = torch.stack(nxt + [dht.double()], 1)
         counters = lay.counters(x.device)
-        carry_in, final = hgrn_chunk._scan_passes(do, g, dht, torch.float32, lay, True, counters)
+        carry_in, final = _entering(hgrn_chunk._scan_passes(do, g, dht, torch.float32, lay, True, counters))
         ref_final = dh0
     assert_close("state entering each chunk", carry_in.view(B, NT, D), entering, "fp32")
     assert_close("final", final, ref_final, "fp32")
     # the launch leaves its counters zero, so the next one (the backward's) can take them as
     # they are, and does the same work: the forward saves its counters for the backward
     assert counters.count_nonzero().item() == 0
-    again, final_again = hgrn_chunk._scan_passes(do if reverse else x, g, dht if reverse else h0, torch.float32, lay,
-                                                 reverse, counters)
+    again, final_again = _entering(hgrn_chunk._scan_passes(do if reverse else x, g, dht if reverse else h0,
+                                                           torch.float32, lay, reverse, counters))
     assert torch.equal(again, carry_in) and torch.equal(final_again, final)
 
 
