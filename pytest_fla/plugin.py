@@ -116,6 +116,12 @@ def pytest_addoption(parser):
     )
     group.addoption("--fla-blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1: faults show at their launch")
     group.addoption(
+        "--fla-small-shapes",
+        action="store_true",
+        help="on a GPU, every case at its small dims (the CPU's, the sizes the sanitizer runs) instead of "
+        "its GPU dims: narrow heads and masked block edges, where GPU-only faults show (FLA_SMALL_SHAPES=1)",
+    )
+    group.addoption(
         "--fla-isolate",
         choices=ISOLATE_CHOICES,
         default=None,
@@ -196,6 +202,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
         return
     if options.fla_blocking:
         os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    if options.fla_small_shapes:  # before workers and children start: they inherit it
+        os.environ.update(sanitizer.SHAPES_ENV)
     if fleet.requested(options.fla_arch):
         early_config.stash[TARGETS] = []  # the controller's come from its hosts (pytest_cmdline_main)
         if role == "worker":
@@ -304,6 +312,8 @@ def pytest_report_header(config):
                      "a report lands on the test that was running)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
+    if config.option.fla_small_shapes:
+        lines.append("fla shapes: every case at its small dims on a GPU too (--fla-small-shapes)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
                      f"(pytest_fla/targets/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")

@@ -194,3 +194,26 @@ def test_n_shares_a_lone_compile_only_target_over_n_workers(pytester):
     assert [name.split("-")[1] for name in ran] == [str(i) for i in range(6)]
     assert len({name.split("-")[2] for name in ran}) == 2
     assert all(p.read_text().startswith("sm90") for p in pytester.path.glob("compiled-*.txt"))
+
+
+SMALL_SHAPES_PROBE = """
+from pytest_fla.ops.spec import Case
+
+CASE = Case("probe", {"B": 1, "T": 8}, gpu_dims={"B": 2, "T": 4096})
+
+
+def test_a_cuda_device_gets_the_small_dims():
+    assert CASE.dims_for("cuda:0") == {"B": 1, "T": 8}
+"""
+
+
+@pytest.mark.parametrize("how", [(), ("-n", "2"), ("--fla-isolate=test",)], ids=["plain", "workers", "children"])
+def test_small_shapes_reach_every_process(pytester, how):
+    """--fla-small-shapes: the cases' small dims on a GPU, in xdist workers and isolated
+    children too (each inherits the setting); without it a CUDA device gets the GPU dims."""
+    pytester.makepyfile(test_probe=SMALL_SHAPES_PROBE)
+    result = run(pytester, "--fla-small-shapes", *how)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*fla shapes: every case at its small dims on a GPU too*"])
+    without = run(pytester, *how)
+    without.assert_outcomes(failed=1)
