@@ -856,24 +856,26 @@ def warmed_ops(out) -> set:
         return {line.strip() for line in f if line.strip()}
 
 
-def warm(benches, jobs, limit_s, out=None):
+def warm(benches, jobs, limit_s, out=None, script=None, extra=(), keep_autotune=False):
     """Fill the Triton cache with every kernel both sides compile, in parallel processes:
     compiling, not timing, is most of a first call (the peer's autotuning compiles tens of
     configs per kernel). The peer's on-disk autotune results are switched off here, so the
     timed run picks its configs on an idle GPU. Processes still running after ``limit_s``
     are stopped: the timed run compiles what they left. Each op whose warm-up finished is
     listed in ``<out>.warmed``, so that a resumed run warms only the rest (a second warm-up
-    of 25 cached ops took 272 s on an H100, 2026-11-27)."""
+    of 25 cached ops took 272 s on an H100, 2026-11-27). ``script``: another tool whose
+    ``--ops NAME --warm-only`` (and ``extra``) does the same for its ops (op names in ``benches`` then);
+    ``keep_autotune``: leave the peer's on-disk autotune results on, for a tool that times nothing."""
     import subprocess
 
-    env = {**os.environ, "FLA_CACHE_RESULTS": "0"}
-    pending = [b.name for b in benches]
+    env = {**os.environ} if keep_autotune else {**os.environ, "FLA_CACHE_RESULTS": "0"}
+    pending = [getattr(b, "name", b) for b in benches]
     running = []
     t0 = time.time()
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
-            running.append((name, subprocess.Popen([sys.executable, __file__, "--ops", name, "--warm-only"], env=env,
+            running.append((name, subprocess.Popen([sys.executable, script or __file__, "--ops", name, "--warm-only", *extra], env=env,
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         still = []
         for name, p in running:

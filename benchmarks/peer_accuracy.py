@@ -1,6 +1,6 @@
 """Our bf16 errors beside the peer library's (fla-core), both against the float64 reference.
 
-    python3 benchmarks/peer_accuracy.py [--ops chunk_rwkv7,chunk_kda] [--device cuda] [--dtype bf16]
+    python3 benchmarks/peer_accuracy.py [--warm 8] [--ops chunk_rwkv7,chunk_kda] [--device cuda] [--dtype bf16]
         [--B 2 --T 300 --H 2 --K 64 --V 64] [--seed 0] [--budget-s 240] [--json PATH]
 
 Per op (every op of ``pytest_fla.specs.peer.ADAPTERS``, the issue's four gated chunked ones
@@ -55,6 +55,11 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=240.0, help="start no op after this many seconds")
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--warm", type=int, default=0, metavar="JOBS",
+                        help="first run each op once, JOBS ops at a time in their own processes: the peer "
+                        "autotunes every kernel on its first call, one config after another, minutes an op")
+    parser.add_argument("--warm-limit", type=float, default=300, metavar="S", help="stop the warm-up after S seconds")
+    parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -166,7 +171,18 @@ def main(argv=None) -> int:
         raise SystemExit(f"--ops: no op with a peer named {', '.join(unknown)} (known: {', '.join(sorted(specs))})")
     peer = device == "cuda" and importlib.util.find_spec("fla") is not None
     why_no_peer = None if peer else ("the peer needs a GPU" if device == "cpu" else f"{PEER} is not importable")
+    if args.warm_only:
+        for op in chosen:
+            measure(specs[op], dims, args.dtype, device, args.seed, peer)
+        return 0
     print(f"{args.dtype} on {device}, dims {dims}, seed {args.seed}; peer: {PEER if peer else why_no_peer}")
+    if args.warm and peer:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench
+
+        same = ["--dtype", args.dtype, "--seed", str(args.seed), "--device", device,
+                *(f"--{d}={dims[d]}" for d in dims)]
+        bench.warm(chosen, args.warm, args.warm_limit, script=os.path.abspath(__file__), extra=same, keep_autotune=True)
     rows, failed, left = [], {}, []
     start = time.monotonic()
     for op in chosen:
