@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -274,7 +275,7 @@ def pytest_configure(config):
         enforce_shared_memory_limit(targets.SHARED_MEMORY_LIMIT[state.target.arch])
     if role == "controller":
         state.report = run_report.RunReport(state.targets)
-        config.pluginmanager.register(ReportCollector(state.report), "fla-report")
+        config.pluginmanager.register(ReportCollector(state.report, config.option.fla_report), "fla-report")
         if FLEET in config.stash:
             state.report.hosts = [host.to_json() for host in config.stash[FLEET].hosts]
             config.pluginmanager.register(fleet.FleetWatch(state.report), "fla-fleet")
@@ -533,14 +534,22 @@ def pytest_runtest_makereport(item, call):
 
 
 class ReportCollector:
-    """Feeds every test report this process sees (its own, or its workers') to the report."""
+    """Feeds every test report this process sees (its own, or its workers') to the report,
+    and keeps ``--fla-report`` written while the run goes: at each failure and at most
+    every ``EVERY`` seconds, so a run killed at a device's time limit (SIGKILL: no session
+    end) still leaves its failures and their reasons."""
 
-    def __init__(self, report: run_report.RunReport):
-        self.report = report
+    EVERY = 30.0
+
+    def __init__(self, report: run_report.RunReport, path: str | None = None):
+        self.report, self.path, self.written = report, path, time.monotonic()
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report):
         self.report.add(report)
+        if self.path and (report.failed or time.monotonic() - self.written > self.EVERY):
+            self.report.write_json(self.path, finished=False)
+            self.written = time.monotonic()
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -234,10 +234,14 @@ class RunReport:
             "matrix": self.matrix(),
         }
 
-    def write_json(self, path: str) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
+    def write_json(self, path: str, finished: bool = True) -> None:
+        """The report as JSON, replaced whole (a reader never sees half a file); ``finished``
+        False for a run still going: what a run killed at its time limit leaves."""
+        temporary = f"{path}.partial"
+        with open(temporary, "w") as f:
+            json.dump({**self.to_json(), "finished": finished}, f, indent=1)
             f.write("\n")
+        os.replace(temporary, path)
 
     def lines(self) -> list[str]:
         """The terminal summary: one ops x checks table per arch, then the slowest checks."""

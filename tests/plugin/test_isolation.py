@@ -451,3 +451,36 @@ def test_a_reference_elsewhere_gets_its_inputs_there_and_gives_its_results_back(
     monkeypatch.setenv(REFERENCE_DEVICE_ENV, "meta")
     (out,) = OpSpec.call_reference(spec, Sample({"x": torch.ones(2)}))
     assert seen == ["meta"] and out.device.type == "cpu"  # computed there, given back here
+
+
+REPORT_WHILE_RUNNING = """
+import json, os, time
+
+
+def test_a_fails():
+    assert False, "planted"
+
+
+def test_b_sees_the_failure_in_the_report():
+    # under xdist the controller writes it as the worker's report of test_a arrives
+    for _ in range(100):
+        if os.path.exists(os.environ["REPORT_PATH"]):
+            break
+        time.sleep(0.1)
+    report = json.load(open(os.environ["REPORT_PATH"]))
+    assert report["finished"] is False
+    [record] = [t for t in report["tests"] if t["nodeid"].endswith("test_a_fails")]
+    assert record["outcome"] == "failed" and "planted" in record["reason"]
+"""
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2", "--dist", "loadfile")], ids=["one_process", "workers"])
+def test_the_report_is_written_while_the_run_goes(pytester, monkeypatch, workers):
+    """--fla-report is on disk from the first failure on (a run killed at a time limit has no
+    session end to write it), marked unfinished until the run ends."""
+    path = pytester.path / "report.json"
+    monkeypatch.setenv("REPORT_PATH", str(path))
+    pytester.makepyfile(test_running=REPORT_WHILE_RUNNING)
+    result = run(pytester, f"--fla-report={path}", *workers)
+    result.assert_outcomes(passed=1, failed=1)
+    assert json.loads(path.read_text())["finished"] is True
