@@ -10,6 +10,9 @@ A reproducer is a user's code with a short header of ``# key: value`` lines::
     # needs: device                      (device: runs kernels, the interpreter too;
                                           gpu: a real or emulated GPU; compiler: compiles
                                           kernels offline)
+    # plain-under-sanitizer: <why>       (optional: under --fla-sanitizer it runs plainly
+                                          only, as a ``fla_plain_only`` check does, unless
+                                          --fla-sanitizer-all-tests)
 
 It always runs in a fresh process (a reproducer is often the very crash the suite
 guards against), under the session's arch target, ``--fla-blocking`` and
@@ -29,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from .. import sanitizer, targets
+from ..sanitizer import reruns
 from ..running.isolation import device_fault
 
 HEADER_RE = re.compile(r"^#\s*([a-z][a-z0-9-]*)\s*:\s*(.*?)\s*$")
@@ -91,6 +95,8 @@ class ReproFile(pytest.File):
         header = Header.parse(self.path.read_text(), str(self.path))
         item = ReproItem.from_parent(self, name=self.path.stem, header=header)
         item.add_marker(pytest.mark.fla_op(header.fields.get("op", self.path.stem)))
+        if "plain-under-sanitizer" in header.fields:
+            item.add_marker(pytest.mark.fla_plain_only(reason=header.fields["plain-under-sanitizer"]))
         yield item
 
 
@@ -118,7 +124,11 @@ class ReproItem(pytest.Item):
         run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=self.path.parent)
         if run.returncode != 0:
             raise ReproFailed(self._describe(run, "does not behave as its header expects"))
-        for tool in self.config.stash.get(SANITIZER_TOOLS, []):
+        tools = self.config.stash.get(SANITIZER_TOOLS, [])
+        if tools and self.get_closest_marker(reruns.PLAIN_ONLY) and not self.config.option.fla_sanitizer_all_tests:
+            self.add_report_section("call", "compute-sanitizer", reruns.plain_only_reason(self))
+            tools = []
+        for tool in tools:
             checked = subprocess.run(
                 sanitizer.command(tool) + command, capture_output=True, text=True,
                 env=dict(env, **sanitizer.environment()), cwd=self.path.parent,

@@ -485,3 +485,21 @@ def test_a_negative_stall_limit_is_a_usage_error(pytester, monkeypatch):
     result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "--fla-sanitizer-stall=-5")
     assert result.ret == 4  # pytest's usage error
     assert "--fla-sanitizer-stall: -5 seconds; give 0 (wait for ever) or more" in result.stderr.str()
+
+
+def test_a_repro_marked_plain_under_the_sanitizer_runs_plainly_only(pytester, monkeypatch):
+    """`# plain-under-sanitizer: <why>` in a reproducer's header: under --fla-sanitizer it runs
+    plainly, its report says why the tool left it out, and --fla-sanitizer-all-tests puts it
+    under the tool again; a reproducer without the line runs under the tool."""
+    log = _stand_in(pytester, monkeypatch)
+    repro_dir = pytester.mkdir("repro")
+    header = "# source: a report\n# seen-on: sm90\n# expect: pass\n"
+    (repro_dir / "huge.py").write_text(header + "# plain-under-sanitizer: 65538 programs a launch\nx = 1\n")
+    (repro_dir / "small.py").write_text(header + "x = 1\n")
+    result = run(pytester, "--fla-sanitizer=memcheck", "-p", "no:xdist", "-rA")
+    result.assert_outcomes(passed=2)
+    assert "not run under the tool: 65538 programs a launch (--fla-sanitizer-all-tests runs it)" in result.stdout.str()
+    assert len(log.read_text().splitlines()) == 1  # small.py alone went under the tool
+    result = run(pytester, "--fla-sanitizer=memcheck", "--fla-sanitizer-all-tests", "-p", "no:xdist")
+    result.assert_outcomes(passed=2)
+    assert len(log.read_text().splitlines()) == 3
