@@ -1,6 +1,6 @@
 """Our bf16 errors beside the peer library's (fla-core), both against the float64 reference.
 
-    python3 benchmarks/peer_accuracy.py [--warm 8] [--ops chunk_rwkv7,chunk_kda] [--device cuda] [--dtype bf16]
+    python3 benchmarks/peer_accuracy.py [--warm 8] [--max-ratio 1.2] [--ops chunk_rwkv7,chunk_kda] [--device cuda] [--dtype bf16]
         [--B 2 --T 300 --H 2 --K 64 --V 64] [--seed 0] [--budget-s 240] [--json PATH]
 
 Per op (every op of ``pytest_fla.specs.peer.ADAPTERS``, the issue's four gated chunked ones
@@ -60,6 +60,11 @@ def parse_args(argv=None):
                         "autotunes every kernel on its first call, one config after another, minutes an op")
     parser.add_argument("--warm-limit", type=float, default=300, metavar="S", help="stop the warm-up after S seconds")
     parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--max-ratio", type=float, default=None,
+                        help="exit 1 when any output or gradient's error is above this many times the peer's "
+                        "(the aim: 1.2); errors below --floor count as the floor on both sides")
+    parser.add_argument("--floor", type=float, default=1e-4,
+                        help="relative errors below this are noise at bf16 for the --max-ratio gate (default 1e-4)")
     return parser.parse_args(argv)
 
 
@@ -210,7 +215,15 @@ def main(argv=None) -> int:
         print(f"not measured (past --budget-s {args.budget_s:.0f}): {', '.join(left)}")
     print()
     print(table(rows))
-    return 1 if failed else 0
+    over = over_ratio(rows, args.max_ratio, args.floor) if args.max_ratio else []
+    for r in over:
+        print(f"over {args.max_ratio}x the peer: {r['op']} {r['tensor']} {r['ours']:.2e} against {r['peer']:.2e}")
+    return 1 if failed or over else 0
+
+
+def over_ratio(rows: list[dict], max_ratio: float, floor: float) -> list[dict]:
+    """The rows whose error is above ``max_ratio`` times the peer's, each side at least ``floor``."""
+    return [r for r in rows if r["peer"] is not None and max(r["ours"], floor) > max_ratio * max(r["peer"], floor)]
 
 
 def write(path, args, device, dims, rows, failed, left, why_no_peer):

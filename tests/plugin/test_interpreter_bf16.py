@@ -81,3 +81,13 @@ def test_peer_accuracy_measures_ours_on_the_cpu(tmp_path):
     for r in rows.values():
         assert r["peer"] is None and r["ratio"] is None
         assert 1e-4 < r["ours"] < 1.6e-2, r  # bf16: above fp32's error, within the forward budget
+
+
+def test_the_accuracy_gate_counts_errors_above_the_ratio_over_the_noise_floor():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import peer_accuracy
+
+    rows = [dict(op="a", tensor="dq", ours=5e-3, peer=4e-3), dict(op="a", tensor="dk", ours=5.1e-3, peer=4e-3),
+            dict(op="a", tensor="dh0", ours=3e-5, peer=1e-6), dict(op="a", tensor="o", ours=9.0, peer=None)]
+    assert [r["tensor"] for r in peer_accuracy.over_ratio(rows, 1.25, 1e-4)] == ["dk"]
+    assert [r["tensor"] for r in peer_accuracy.over_ratio(rows, 1.25, 1e-7)] == ["dk", "dh0"]
