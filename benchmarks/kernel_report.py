@@ -9,7 +9,10 @@ size by default, with the target arch's configs; every distinct launch is compil
 arch. Spilled registers (local memory) and launches per call are what this is for; with
 ``--dump`` each kernel's TTGIR and PTX go to DIR, and the report counts its layout
 conversions and shared-memory instructions (where a kernel's shared-memory traffic comes
-from: Nsight Compute's excess wavefronts, benchmarks/results/README.md).
+from: Nsight Compute's excess wavefronts, benchmarks/results/README.md). A launch whose
+butterfly sums let the lanes' copies disagree (a multiply-add on a shuffled value: each
+lane rounds a different product) says how many; where such copies are stored through shared
+memory, racecheck reports a write-after-write (``kernels/_arch.py``, ``RECURRENT_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ def ptxas_usage(ptx: str, arch: int) -> str:
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     return (f"{regs.group(1) if regs else '?'} regs, "
             + (f"spills {spill.group(1)} B stored / {spill.group(2)} B loaded" if spill else "spills ?"))
+
+
+def lane_divergent_sums(ptx: str) -> int:
+    """Multiply-adds whose addend is a butterfly shuffle's result: the first stage of a sum
+    over lanes contracted with its products, so the lanes' copies of the sum differ."""
+    shuffled = set(re.findall(r"shfl\.sync\.bfly\.b32\s+(%r\d+)", ptx))
+    return sum(m.group(1) in shuffled for m in re.finditer(r"fma\.rn\.f32\s+%r\d+,\s*%r\d+,\s*%r\d+,\s*(%r\d+);", ptx))
 
 
 def main():
@@ -84,6 +94,8 @@ def main():
             continue
         usage = ptxas_usage(compiled.asm["ptx"], arch) if launch.key() not in seen else "(as above)"
         seen.add(launch.key())
+        divergent = lane_divergent_sums(compiled.asm["ptx"])
+        usage += f", {divergent} lane-divergent sums" if divergent else ""
         print(f"  {launch.name} grid={launch.grid} shared={compiled.metadata.shared} {usage}\n    {launch.config()}")
         if args.dump:
             print("    " + dump(compiled, launch.name, args.dump))
