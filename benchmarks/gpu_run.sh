@@ -4,6 +4,8 @@
 #                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine)
 #   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
 #                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it; FLA_SWEEP_ROUNDS)
+#   bash benchmarks/gpu_run.sh accuracy [--ops a,b]  # each op's bf16 errors beside the peer's (peer_accuracy.py,
+#                                         # its kernels warmed first; --max-ratio 1.2)
 #   bash benchmarks/gpu_run.sh ncu        # hardware counters (occupancy, stall reasons) of the chunk-parallel level
 #                                         # kernels, one launch each (FLA_NCU_OPS=a,b; FLA_NCU_KERNELS: a name regex)
 #   bash benchmarks/gpu_run.sh faults     # the plugin's own tests, planted faults included
@@ -71,6 +73,14 @@ case "$part" in
       ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
     echo "== compile:"; tail -n 5 "$LOGS/sweep_compile.log"
     echo "== sweep:"; grep -v '^{' "$LOGS/sweep.log"
+    ;;
+  accuracy)
+    # Each op's bf16 errors beside the peer's (docs/tolerances.md): the peer's kernels compiled
+    # and autotuned first, an op per process, then every op measured in one process.
+    timeout -s INT -k 20 "${FLA_ACCURACY_TIMEOUT:-560}" python3 benchmarks/peer_accuracy.py --warm "${FLA_WARM_JOBS:-16}" \
+      --warm-limit 300 --max-ratio 1.2 --json "$LOGS/peer_accuracy.json" "$@" > "$LOGS/peer_accuracy.log" 2>&1
+    echo "accuracy exit $?" >> "$LOGS/peer_accuracy.log"
+    echo "== accuracy:"; grep -E "^\| |^over|failed|not measured|exit" "$LOGS/peer_accuracy.log" | tail -n 60
     ;;
   ncu)
     # One launch of each slow chunk-parallel kernel at the bench size, under Nsight Compute
