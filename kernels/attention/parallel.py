@@ -177,21 +177,26 @@ def _allowed(rows, keys, L, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constex
 
 
 @triton.jit
+def _block_rows(blk, desc, desc_row, r0, L, ROW: tl.constexpr, DIM: tl.constexpr, BR: tl.constexpr,
+                BDIM: tl.constexpr, MASKED: tl.constexpr, USE_DESC: tl.constexpr):
+    """Rows ``[r0, r0 + BR)`` of one head of a sequence's ``[L, DIM]`` tensor: through the
+    tensor descriptor with ``USE_DESC`` (over ``[B, T, heads * DIM]``, TMA on sm90: rows
+    past the sequence's end read as zero; ``desc_row`` = (sequence, head)), else from
+    ``blk``, the tile at the sequence's first row, with its masks."""
+    if USE_DESC:
+        return desc.load([desc_row[0], r0, desc_row[1] * DIM]).reshape(BR, BDIM)
+    else:
+        rows = r0 + tl.arange(0, BR)
+        return _tile_load(blk + tl.cast(r0, tl.int64) * ROW, rows < L, tl.arange(0, BDIM) < DIM, MASKED, BDIM != DIM)
+
+
+@triton.jit
 def _key_tiles(k_blk, v_blk, k_desc, v_desc, desc_row, n0, L, K_ROW: tl.constexpr, V_ROW: tl.constexpr,
                D: tl.constexpr, DV: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
                MASKED: tl.constexpr, USE_DESC: tl.constexpr):
-    """Key block ``n0``'s k and v tiles. ``k_blk``/``v_blk`` point at the tiles of the
-    sequence's first key block; with ``USE_DESC`` the tiles come through tensor descriptors
-    over ``[B, T, heads * D]`` instead (TMA on sm90: keys past the sequence's end read as
-    zero; ``desc_row`` = (sequence, first column))."""
-    if USE_DESC:
-        kb = k_desc.load([desc_row[0], n0, desc_row[1] * D]).reshape(BN, BD)
-        vb = v_desc.load([desc_row[0], n0, desc_row[1] * DV]).reshape(BN, BDV)
-    else:
-        keys = n0 + tl.arange(0, BN)
-        shift = tl.cast(n0, tl.int64)
-        kb = _tile_load(k_blk + shift * K_ROW, keys < L, tl.arange(0, BD) < D, MASKED, BD != D)
-        vb = _tile_load(v_blk + shift * V_ROW, keys < L, tl.arange(0, BDV) < DV, MASKED, BDV != DV)
+    """Key block ``n0``'s k and v tiles (``_block_rows``)."""
+    kb = _block_rows(k_blk, k_desc, desc_row, n0, L, K_ROW, D, BN, BD, MASKED, USE_DESC)
+    vb = _block_rows(v_blk, v_desc, desc_row, n0, L, V_ROW, DV, BN, BDV, MASKED, USE_DESC)
     return kb, vb
 
 
@@ -316,15 +321,10 @@ def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_
     ``USE_DESC`` the q and do tiles come through tensor descriptors (rows past the
     sequence's end read as zero), as the forward's k and v do."""
     o_m = tl.arange(0, BM)
-    c_d = tl.arange(0, BD) < D
-    c_dv = tl.arange(0, BDV) < DV
     for m0 in range(m_lo, m_hi, BM):
         rows = m0 + o_m
         row_ok = rows < L
-        if USE_DESC:
-            qb = q_desc.load([desc_row[0], m0, desc_row[1] * D]).reshape(BM, BD)
-        else:
-            qb = _tile_load(q_blk + tl.cast(m0, tl.int64) * Q_ROW, row_ok, c_d, MASKED, BD != D)
+        qb = _block_rows(q_blk, q_desc, desc_row, m0, L, Q_ROW, D, BM, BD, MASKED, USE_DESC)
         if MASKED:
             lse_m = tl.load(lse_row + rows, mask=row_ok, other=0.0)
         else:
@@ -333,10 +333,7 @@ def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_
         if MASKED:
             sT = tl.where(tl.trans(_allowed(rows, keys, L, window, CAUSAL, HAS_WINDOW)), sT, float("-inf"))
         pT = tl.exp2(sT - lse_m[None, :])
-        if USE_DESC:
-            dob = do_desc.load([desc_row[0], m0, desc_row[1] * DV]).reshape(BM, BDV)
-        else:
-            dob = _tile_load(do_blk + tl.cast(m0, tl.int64) * DO_ROW, row_ok, c_dv, MASKED, BDV != DV)
+        dob = _block_rows(do_blk, do_desc, desc_row, m0, L, DO_ROW, DV, BM, BDV, MASKED, USE_DESC)
         dv = mm_acc(pT.to(dob.dtype), dob, dv)
         if MASKED:
             delta_m = tl.load(delta_row + rows, mask=row_ok, other=0.0)
