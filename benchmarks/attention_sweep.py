@@ -51,7 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 import kernels.attention.parallel as attn  # noqa: E402
-from bench import SDPA_BACKENDS, sdpa_call  # noqa: E402
+from bench import SDPA_BACKENDS, sdpa_backend, sdpa_call  # noqa: E402
 
 B, T, H = 4, 4096, 16
 # Hopper candidates: 128-row query blocks on two warpgroups (8 warps), deeper pipelines,
@@ -136,12 +136,9 @@ def sdpa_lines(q, k, v, do) -> dict:
 
 
 def sdpa_native(backend):
+    """SDPA on contiguous ``[B, H, T, D]`` inputs, restricted to ``backend``."""
     def call(q, k, v):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        if backend is None:
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        with sdpa_kernel(getattr(SDPBackend, backend)):
+        with sdpa_backend(backend):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     return call
 

@@ -286,19 +286,25 @@ def attention_flops(varlen: bool):
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "default": None}
 
 
-def sdpa_call(backend: str | None):
-    """SDPA, dense causal, restricted to ``backend`` (an ``SDPBackend`` name; None: its own
-    dispatch). Both sides take and return ``[B, T, H, D]``: SDPA reads the inputs as
-    ``[B, H, T, D]`` through strides and its output goes back the same way, no copy on
-    either side of the call; a copy the backend makes inside (a layout it does not take)
-    is part of its time, as it is of a user's."""
-    def call(fn, kwargs):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+def sdpa_backend(backend: str | None):
+    """A context that restricts SDPA to ``backend`` (an ``SDPBackend`` name); None: none,
+    SDPA's own dispatch."""
+    import contextlib
 
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return contextlib.nullcontext() if backend is None else sdpa_kernel(getattr(SDPBackend, backend))
+
+
+def sdpa_call(backend: str | None):
+    """SDPA, dense causal, restricted to ``backend`` (``sdpa_backend``). Both sides take and
+    return ``[B, T, H, D]``: SDPA reads the inputs as ``[B, H, T, D]`` through strides and
+    its output goes back the same way, no copy on either side of the call; a copy the
+    backend makes inside (a layout it does not take) is part of its time, as it is of a
+    user's."""
+    def call(fn, kwargs):
         q, k, v = (kwargs[n].transpose(1, 2) for n in ("q", "k", "v"))
-        if backend is None:
-            return fn(q, k, v, is_causal=True).transpose(1, 2)
-        with sdpa_kernel(getattr(SDPBackend, backend)):
+        with sdpa_backend(backend):
             return fn(q, k, v, is_causal=True).transpose(1, 2)
 
     return call
