@@ -132,6 +132,11 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         state_grad_BV=min(32, BV_full), state_grad_warps=4, state_grad_stages=1 if big_state else grad_pipelined,
         # fp32 on the 100 KB parts: 32-wide blocks (Triton 3.8 needs 114688 bytes at 64,
         # 98304 at 32, against a limit of 101376; 3.6 needs 98304 at 64)
-        grad_BK=32 if (small_smem and wide) else BK, grad_BV=32 if (small_smem and wide) else BV,
+        # chunk_grad_kernel's bf16 key block is 64 wide on sm90 (wgmma), masked past K: at 32
+        # (K <= 32) Triton 3.6 gave wrong dk and dbeta at K = 16 and an illegal address at
+        # K = 32 (V = 392; H200 and H100; tests/repro/chunk_delta_rule_bf16_narrow_keys.py),
+        # and 64 was right at both, whichever other kernel's blocks were 32 or 64
+        grad_BK=32 if (small_smem and wide) else 64 if (arch == 90 and not wide) else BK,
+        grad_BV=32 if (small_smem and wide) else BV,
         grad_warps=8, grad_stages=1,
     )
