@@ -158,3 +158,46 @@ def test_forward_pieces(device, lengths, H, HV, normalizer):
                 # U~ = L diag(beta) V, recovered as (U - W h) + W h
                 U_tilde = vn[0, rows, j] + torch.exp(G_ref[0]) * W[0, rows, j] @ h[slot, j]
                 assert _rel(U_tilde, L_ref @ (bc[:, None] * vc)) < 1e-5, "U~ = L diag(beta) V"
+
+
+def test_gradient_key_block_is_64_wide_on_sm90_in_bf16():
+    """Triton 3.6 compiled the gradient kernel's 32-wide bf16 key block wrong on sm90
+    (tests/repro/chunk_delta_rule_bf16_narrow_keys.py): narrow keys get a 64-wide block
+    there, and only there."""
+    for K in (16, 32):
+        assert choose_configs(K, 392, torch.bfloat16, 90).grad_BK == 64
+        assert choose_configs(K, 392, torch.float16, 90).grad_BK == 64
+        assert choose_configs(K, 392, torch.float32, 90).grad_BK == 32
+        for arch in (80, 86, 100, 120):
+            assert choose_configs(K, 392, torch.bfloat16, arch).grad_BK == 32
+
+
+@pytest.mark.parametrize("K", [16, 32])
+def test_gradient_kernel_masks_a_key_block_wider_than_the_keys(device, monkeypatch, K):
+    """The sm90 bf16 gradient kernel's key block past K (64 wide at K = 16 and 32), run here in
+    fp32 at every arch: dq, dk, dbeta against the float64 recurrence."""
+    import dataclasses
+
+    import kernels.delta_rule.chunk as chunk_module
+    from kernels import chunk_delta_rule
+    from pytest_fla.checks.tolerance import assert_close
+
+    chosen, widened = chunk_module.choose_configs, []
+
+    def wide_key_block(*args, **kwargs):
+        widened.append(args)
+        return dataclasses.replace(chosen(*args, **kwargs), grad_BK=64)
+    monkeypatch.setattr(chunk_module, "choose_configs", wide_key_block)
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, V = 1, 80, 1, 40
+    q, v = torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, dtype=torch.float64))
+    do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    exact = [x.clone().requires_grad_(True) for x in (q, k, v, beta)]
+    ref_grads = torch.autograd.grad(reference.delta_rule(*exact)[0], exact, do)
+    ours = [x.to(device, torch.float32).requires_grad_(True) for x in (q, k, v, beta)]
+    grads = torch.autograd.grad(chunk_delta_rule(*ours)[0], ours, do.to(device, torch.float32))
+    assert widened, "the op did not take its configs from choose_configs"
+    for name, g, g_ref in zip(("q", "k", "v", "beta"), grads, ref_grads):
+        assert_close(f"K={K}: d{name}", g.cpu(), g_ref, "fp32", "backward")
