@@ -34,6 +34,7 @@ __all__ = [
     "test_error_inputs",
     "test_device_mismatch",
     "test_every_output_written",
+    "test_in_bounds",
     "test_deterministic",
     "test_huge_grid",
     "test_int64_offsets",
@@ -163,6 +164,11 @@ def test_device_mismatch(spec, arg, fla_device):
 @over_specs("spec", one_per_spec())
 def test_every_output_written(spec, fla_device):
     generic.check_every_output_written(spec, spec.cases[0], "fp32", fla_device, generic.seed_for("poison", spec.name))
+
+
+@over_specs("spec,dtype,case", case_params("in_bounds", dtypes=("fp32", "bf16")))
+def test_in_bounds(spec, dtype, case, fla_device):
+    generic.check_in_bounds(spec, case, dtype, fla_device, generic.seed_for("bounds", spec.name, dtype, case.name))
 
 
 def _deterministic_params(specs):

@@ -240,6 +240,42 @@ def check_every_output_written(spec: OpSpec, case: Case, dtype: str, device, see
         )
 
 
+def check_in_bounds(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
+    """Forward and backward with every input, upstream gradient and allocation of the call
+    between guard bands (``pytest_fla.checks.bounds``): no band may change, and no NaN from
+    a band may reach an output or a gradient."""
+    from ..ops.spec import as_tuple
+    from . import bounds
+
+    sample = spec.sample(case, dtype, device, seed)
+    names = differentiable(spec, sample)
+    records, kwargs = [], dict(sample.kwargs)
+    for name, value in sample.kwargs.items():
+        if isinstance(value, torch.Tensor) and value.device.type in ("cpu", "cuda") and value.layout == torch.strided:
+            kwargs[name], record = bounds.place(value.detach(), f"input `{name}`", copy=True)
+            records.append(record)
+    leaves = [kwargs[n].requires_grad_(True) for n in names]
+    with bounds.banded_allocations(records):
+        outputs = as_tuple(spec.op_fn(**kwargs))
+        pairs = []
+        for i, (o, g) in enumerate(zip(outputs, cotangents(outputs, seed))):
+            if o is not None and g is not None and o.requires_grad:
+                placed, record = bounds.place(g.to(o.dtype), f"the upstream gradient of {spec.outputs[i]}", copy=True)
+                records.append(record)
+                pairs.append((o, placed))
+        grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                    allow_unused=True) if names and pairs else ()
+    breaches = [b for record in records for b in record.breaches()]
+    assert not breaches, f"{spec.name} ({case.name}, {dtype}): " + "; ".join(breaches)
+    for name, t in list(zip(spec.outputs, outputs)) + [(f"d{n}", g) for n, g in zip(names, grads)]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            bad = ~torch.isfinite(t.detach())
+            assert not bad.any(), (
+                f"{spec.name} ({case.name}, {dtype}): {int(bad.sum())} of {t.numel()} elements of {name} are "
+                f"not finite with NaN past each input's end: a read out of bounds reached them "
+                f"(first at {tuple(torch.nonzero(bad)[0].tolist())})")
+
+
 def check_deterministic(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
     sample = spec.sample(case, dtype, device, seed)
     names = differentiable(spec, sample)

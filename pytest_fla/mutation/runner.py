@@ -39,7 +39,8 @@ from .sites import Mutant
 # float64 reference of 1-3 GB (no small shapes there), too heavy for many copies at once;
 # on the CPU it checks the grid rule, at the small shapes. Determinism and host syncs are
 # GPU checks.
-NUMERIC_CHECKS = ("test_forward", "test_backward", "test_varlen", "test_chunk_vs_recurrent", "test_every_output_written")
+NUMERIC_CHECKS = ("test_forward", "test_backward", "test_varlen", "test_chunk_vs_recurrent", "test_every_output_written",
+                  "test_in_bounds")
 KILLING_CHECKS = {"cpu": NUMERIC_CHECKS + ("test_huge_grid",),
                   "cuda": NUMERIC_CHECKS + ("test_deterministic", "test_no_host_sync")}
 CONFORMANCE_IMPORT = "pytest_fla.conformance"

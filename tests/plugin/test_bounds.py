@@ -1,0 +1,135 @@
+"""Guard bands (``pytest_fla.checks.bounds``): a store past a buffer's end or before its start,
+and a read past an input's end, seen by a plain run on the CPU interpreter; the check
+``test_in_bounds`` catching an op whose every other check passes."""
+
+from __future__ import annotations
+
+import faulty_kernels as fk
+import torch
+
+from plugin_testing import cpu_only, run
+from pytest_fla.checks import bounds
+
+
+def banded_call(fn, x):
+    records = []
+    placed, record = bounds.place(x, "input `x`", copy=True)
+    records.append(record)
+    with bounds.banded_allocations(records):
+        y = fn(placed)
+    return y, [breach for record in records for breach in record.breaches()]
+
+
+def test_a_clean_kernel_leaves_every_band():
+    x = torch.randn(300)
+    y, breaches = banded_call(fk.copy, x)
+    assert breaches == []
+    assert torch.equal(y, x)
+
+
+def test_a_store_past_the_end_is_named_with_its_allocation():
+    y, breaches = banded_call(fk.off_by_one_store, torch.randn(300))
+    assert len(breaches) == 1, breaches
+    assert "4 byte(s) changed past the end of a [300] float32 allocation (plugin/faulty_kernels.py:" in breaches[0]
+    assert "(the nearest at byte +0)" in breaches[0]
+
+
+def test_a_read_past_an_input_meets_nan_and_changes_no_band():
+    x = torch.randn(300)
+    y, breaches = banded_call(fk.off_by_one_read, x)
+    assert breaches == []
+    assert torch.equal(y[:-1], x[1:])
+    assert torch.isnan(y[-1])
+
+
+def test_a_store_before_the_start_is_named():
+    placed, record = bounds.place(torch.zeros(8), "input `x`", copy=True)
+    record.buffer[record.start - 3] = 0
+    (breach,) = record.breaches()
+    assert breach.startswith("1 byte(s) changed before the start of input `x` (the nearest at byte -3)")
+
+
+def test_placing_keeps_values_strides_offset_and_alignment():
+    x = torch.arange(48.0).reshape(6, 8)[1:, 2:7]
+    placed, record = bounds.place(x, "input `x`", copy=True)
+    assert torch.equal(placed, x)
+    assert placed.stride() == x.stride()
+    assert placed.storage_offset() == x.storage_offset() + bounds.BAND // 4
+    assert (placed.data_ptr() - x.storage_offset() * 4 - record.buffer.data_ptr()) % bounds.BAND == 0
+    assert record.breaches() == []
+
+
+def test_allocators_are_restored_and_zeros_stay_zero():
+    originals = (torch.empty, torch.empty_like, torch.zeros, torch.zeros_like, torch.Tensor.new_empty,
+                 torch.Tensor.new_zeros)
+    records = []
+    with bounds.banded_allocations(records):
+        z = torch.zeros(5, 3)
+        e = torch.empty_like(z, dtype=torch.int32)
+        n = z.new_zeros(4)
+        assert torch.equal(z, torch.full((5, 3), 0.0)) and torch.equal(n, torch.full((4,), 0.0))
+        assert e.dtype == torch.int32 and e.shape == (5, 3)
+    assert len(records) == 3
+    assert (torch.empty, torch.empty_like, torch.zeros, torch.zeros_like, torch.Tensor.new_empty,
+            torch.Tensor.new_zeros) == originals
+
+
+TOY_OPS = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def double_kernel(x, y, n, BLOCK: tl.constexpr, OVERRUN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(x + offs, mask=offs < n, other=0.0)
+    # OVERRUN = 1: one element past the end is written too (a mask one past its edge)
+    tl.store(y + offs, 2 * values, mask=offs < n + OVERRUN)
+
+
+def _double(x, overrun):
+    y = torch.empty_like(x)
+    double_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), BLOCK=128, OVERRUN=overrun)
+    return y
+
+
+def double(x):
+    return _double(x, 0)
+
+
+def double_past_the_end(x):
+    return _double(x, 1)
+
+
+def double_reference(x):
+    return 2 * x.double()
+'''
+
+TOY_CONFTEST = '''
+from pytest_fla.api import Arg, Case, op_spec
+import toy_ops
+
+ARGS = {"x": Arg(("B", "T", "D"))}
+CASES = (Case("small", {"B": 2, "T": 5, "D": 8}),)
+
+
+def pytest_fla_specs(config):
+    return [op_spec(name, op=getattr(toy_ops, name), reference=toy_ops.double_reference, args=ARGS, cases=CASES,
+                    outputs=("y",), varlen=False)
+            for name in ("double", "double_past_the_end")]
+'''
+
+
+@cpu_only
+def test_the_check_fails_an_op_that_every_other_check_passes(pytester):
+    pytester.makepyfile(toy_ops=TOY_OPS, conftest=TOY_CONFTEST,
+                        test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
+    out = run(pytester, "-v", "-k", "forward or every_output or in_bounds").stdout.str()
+    for passed in ("test_forward[double-fp32-small]", "test_every_output_written[double]",
+                   "test_in_bounds[double-fp32-small]", "test_forward[double_past_the_end-fp32-small]",
+                   "test_every_output_written[double_past_the_end]"):
+        assert f"{passed} PASSED" in out, passed
+    assert "test_in_bounds[double_past_the_end-fp32-small] FAILED" in out
+    assert "4 byte(s) changed past the end of a [2, 5, 8] float32 allocation (" in out
+    assert "/toy_ops.py:15 from " in out  # the allocation's line, then its caller
