@@ -237,7 +237,9 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
              *, keep, offsets):
     """Passes 1-2 forward; the backward reads the output (``h_{t-1}``) and the summary's
     counters, which the forward left zero."""
-    x, g, initial_state = _utils.contiguous(x, g, initial_state)
+    x, g = x.contiguous(), g.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
     lay = _Layout(x, cu_seqlens, offsets)
     counters = lay.counters(x.device)
     maps, final_state = _scan_passes(x, g, initial_state, torch.float32 if output_final_state else None, lay,
@@ -251,9 +253,10 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
 def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
               *, needs_grad, offsets, outputs):
     (o, _), (do, dht) = outputs, grads
-    g, initial_state, do, dht = _utils.contiguous(g, initial_state, do, dht)
-    if do is None:  # only the final state was used
-        do = torch.zeros_like(o)
+    g = g.contiguous()
+    # only the final state was used: no output gradient
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    initial_state, dht = _utils.contiguous(initial_state, dht)
     lay = _Layout(o, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     counters = saved[0] if saved else lay.counters(o.device)
