@@ -104,12 +104,20 @@ def target_arch() -> int:
         value = environ(var)
         if value:
             return parse_arch(value)
-    if not is_interpreter():
+    if not is_interpreter() and _cuda_available():
         import torch
 
-        if torch.cuda.is_available():
-            return _device_arch(torch.cuda.current_device())
+        return _device_arch(torch.cuda.current_device())
     return 80
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once: the device count it reads is fixed for the
+    process, and the question itself reads an environment variable on every call."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @functools.lru_cache(maxsize=None)
