@@ -150,7 +150,8 @@ def _output_bwd(g, o, h0, do, dx, dg, maps, slots, cu_seqlens, chunk_map, T, D, 
 
 
 class _Layout:
-    """Sizes, chunk table and launch constants of one call."""
+    """Sizes, chunk table and launch constants of a call (shared by the calls of one shape:
+    ``_layout``)."""
 
     __slots__ = ("N", "T", "D", "cu_seqlens", "varlen", "chunk_map", "empty_sequences", "n_chunks", "slots",
                  "channel_blocks", "NC", "grid", "args")
@@ -181,6 +182,25 @@ class _Layout:
         zero again, so the forward's serve its backward: one fill a forward+backward, whose
         host time counts (each fill is a launch; ``kernels/README.md``)."""
         return torch.zeros(self.N * self.channel_blocks, dtype=torch.int32, device=device)
+
+
+_layouts: dict = {}
+
+
+def _layout(x: torch.Tensor, cu_seqlens, offsets_host) -> _Layout:
+    """The call's ``_Layout``: for sequences of one length, one per target arch and shape,
+    built once (nothing in it depends on the tensors' values or storage); packed sequences
+    and symbolic sizes (while torch.compile traces) build theirs each call."""
+    B, T, D = x.shape
+    if cu_seqlens is not None or not (type(B) is int and type(T) is int and type(D) is int):
+        return _Layout(x, cu_seqlens, offsets_host)
+    key = (_arch.target_arch(), B, T, D)
+    lay = _layouts.get(key)
+    if lay is None:
+        if len(_layouts) > 256:
+            _layouts.clear()
+        lay = _layouts[key] = _Layout(x, None, None)
+    return lay
 
 
 def _launch_constants(D):
@@ -240,7 +260,7 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
     x, g = x.contiguous(), g.contiguous()
     if initial_state is not None:
         initial_state = initial_state.contiguous()
-    lay = _Layout(x, cu_seqlens, offsets)
+    lay = _layout(x, cu_seqlens, offsets)
     counters = lay.counters(x.device)
     maps, final_state = _scan_passes(x, g, initial_state, torch.float32 if output_final_state else None, lay,
                                          False, counters)
@@ -257,7 +277,7 @@ def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, out
     # only the final state was used: no output gradient
     do = torch.zeros_like(o) if do is None else do.contiguous()
     initial_state, dht = _utils.contiguous(initial_state, dht)
-    lay = _Layout(o, cu_seqlens, offsets)
+    lay = _layout(o, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     counters = saved[0] if saved else lay.counters(o.device)
     maps, dh0 = _scan_passes(do, g, dht, initial_state.dtype if need_dh0 else None, lay, True, counters)
