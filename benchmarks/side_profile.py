@@ -65,27 +65,30 @@ def host_ms(fn, calls: int = 50) -> float:
     return host_timing.per_call_us(fn, calls, rounds=1, sync=torch.cuda.synchronize) / 1e3
 
 
-def host_functions(fn, calls: int = 20, top: int = 14) -> str:
+def host_functions(fn, calls: int = 20, top: int = 14, sync="cuda") -> str:
     """Where one call's host time goes: torch.profiler's CPU events (CUDA runtime calls
     such as launches, allocations and synchronizations included) by self time, and the
-    host functions by own time (cProfile), each per call."""
+    host functions by own time (cProfile), each per call. ``sync=None``: CPU tensors, no
+    device to wait for."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    on_gpu = sync == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
     lines = [f"    {e.self_cpu_time_total / 1e3 / calls:8.3f} ms x{e.count // calls:<3} {e.key[:70]}" for e in events]
-    torch.cuda.synchronize()
+    sync()
     stats = cProfile.Profile()
     stats.enable()
     for _ in range(calls):
         fn()
     stats.disable()
-    torch.cuda.synchronize()
+    sync()
     text = io.StringIO()
     pstats.Stats(stats, stream=text).sort_stats("tottime").print_stats(top)
     rows = [line for line in text.getvalue().splitlines() if line.strip()]

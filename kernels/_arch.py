@@ -56,15 +56,35 @@ def launch_options(num_warps: int, num_stages: int = 1, maxnreg: int | None = No
     return options
 
 
+# ``os.environ``'s bytes mapping on POSIX, which its ``get`` reads through an encode and, for
+# a name that is not set, a caught KeyError (about 0.7 us a name): the target arch is read on
+# every call, and a host-bound op's call pays each microsecond. Writes through ``os.environ``
+# (``monkeypatch.setenv`` included) update it, so it answers as ``os.environ.get`` does.
+_ENVIRON_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _environ_key(name: str) -> bytes:
+    return os.fsencode(name)
+
+
+def environ(name: str) -> str | None:
+    """``os.environ.get(name)``, cheaper (``_ENVIRON_BYTES``)."""
+    if _ENVIRON_BYTES is None:
+        return os.environ.get(name)
+    value = _ENVIRON_BYTES.get(_environ_key(name))
+    return None if value is None else os.fsdecode(value)
+
+
 def is_interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return environ("TRITON_INTERPRET") == "1"
 
 
 def interpreter_dots_bf16() -> bool:
     """Whether ``tl.dot`` of bf16 operands computes what a GPU does: always on a GPU; in the
     interpreter only where ``pytest_fla.targets.interpreter_bf16`` patched it (it sets
     ``FLA_INTERPRETER_BF16=1``), since Triton's own multiplies the operands' bit patterns."""
-    return not is_interpreter() or os.environ.get("FLA_INTERPRETER_BF16") == "1"
+    return not is_interpreter() or environ("FLA_INTERPRETER_BF16") == "1"
 
 
 def require_arch(op: str, minimum: int, why: str) -> None:
@@ -81,15 +101,23 @@ SM75_TILES = ("sm75 has 64 KB of shared memory and no bf16 tensor cores, and the
 def target_arch() -> int:
     """The compute capability (e.g. 80, 90) that kernel configs are chosen for."""
     for var in ("FLA_TARGET_ARCH", "TRITON_OVERRIDE_ARCH"):
-        value = os.environ.get(var)
+        value = environ(var)
         if value:
             return parse_arch(value)
-    if not is_interpreter():
+    if not is_interpreter() and _cuda_available():
         import torch
 
-        if torch.cuda.is_available():
-            return _device_arch(torch.cuda.current_device())
+        return _device_arch(torch.cuda.current_device())
     return 80
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once: the device count it reads is fixed for the
+    process, and the question itself reads an environment variable on every call."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @functools.lru_cache(maxsize=None)

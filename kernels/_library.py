@@ -209,6 +209,8 @@ class LaunchOp:
                                 f"Optional[Tensor], float, int, bool; got {hint!r}")
             types.append(_SCHEMA_TYPES[hint])
         self.tensor_names = tuple(n for n, t in zip(self.arg_names, types) if t.startswith("Tensor"))
+        self._tensor_name_set = frozenset(self.tensor_names)
+        self._backward_wants = self._wants.get(backward, frozenset())
         self._tensor_index = tuple(self.arg_names.index(n) for n in self.tensor_names)
         self._scalar_index = tuple(i for i, t in enumerate(types) if not t.startswith("Tensor"))
         self._n_args = len(self.arg_names)
@@ -266,25 +268,24 @@ class LaunchOp:
 
     # -- the pieces both paths share
 
-    def _provided(self, fn, **provided) -> dict:
-        """The keyword arguments ``fn`` takes: the constants and what it asks for."""
-        kwargs = dict(self.fixed)
-        wants = self._wants[fn]
-        for key, value in provided.items():
-            if key in wants:
-                kwargs[key] = value
-        return kwargs
-
     def _run_forward(self, args, keep, offsets):
         outputs, saved = self._forward_call(args, keep, offsets)
         return tuple(outputs), tuple(saved)
 
     def _run_backward(self, grads, saved, outputs, args, needs_grad, offsets) -> list:
-        kwargs = self._provided(self.backward, offsets=offsets, outputs=tuple(outputs),
-                                needs_grad=dict(zip(self.tensor_names, needs_grad)))
+        # the eager backward runs this on every call: only the keywords the backward takes
+        # are built, from sets worked out at registration
+        kwargs = dict(self.fixed) if self.fixed else {}
+        wants = self._backward_wants
+        if "offsets" in wants:
+            kwargs["offsets"] = offsets
+        if "outputs" in wants:
+            kwargs["outputs"] = tuple(outputs)
+        if "needs_grad" in wants:
+            kwargs["needs_grad"] = dict(zip(self.tensor_names, needs_grad))
         result = self.backward(tuple(grads), tuple(saved), *args, **kwargs)
-        unknown = set(result) - set(self.tensor_names)
-        if unknown:
+        if not result.keys() <= self._tensor_name_set:
+            unknown = set(result) - self._tensor_name_set
             raise KeyError(f"{self.name}: the backward returned gradients of {sorted(unknown)}, not tensor arguments")
         return [result.get(n) if wanted else None for n, wanted in zip(self.tensor_names, needs_grad)]
 

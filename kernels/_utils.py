@@ -21,7 +21,9 @@ ZERO_ALLOCATIONS = False
 def empty(shape, dtype, device) -> torch.Tensor:
     """``torch.empty`` for every buffer a kernel writes in full (outputs, intermediates)."""
     t = torch.empty(shape, dtype=dtype, device=device)
-    if t.device.type == "meta":
+    # the flags first: every buffer of every call comes through here, and asking a tensor
+    # for its device builds a Python object each time (host time: kernels/README.md)
+    if not (ZERO_ALLOCATIONS or POISON_ALLOCATIONS) or t.device.type == "meta":
         return t
     if ZERO_ALLOCATIONS:  # before the poison: opcheck runs inside the poisoned test suite
         t.zero_()

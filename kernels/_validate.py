@@ -116,14 +116,26 @@ def check_devices(op: str, **tensors) -> torch.device:
                 "every tensor argument must be on the same device"
             )
     device = first.device
-    if device.type == "cpu" and not (_arch.is_interpreter() or _arch.CAPTURING_LAUNCHES):
+    if kernel_device(device):
+        return device
+    if device.type == "cpu":
         raise ValueError(
             f"{op}: `{first_name}` and the other tensors are on the CPU; the kernels run on a CUDA device "
             "(or on the CPU under TRITON_INTERPRET=1)"
         )
-    if device.type not in ("cuda", "cpu", "meta") or (device.type == "meta" and not _arch.CAPTURING_LAUNCHES):
-        raise ValueError(f"{op}: `{first_name}` and the other tensors are on {device}; expected a CUDA device")
-    return device
+    raise ValueError(f"{op}: `{first_name}` and the other tensors are on {device}; expected a CUDA device")
+
+
+def kernel_device(device: torch.device) -> bool:
+    """Whether the kernels run on ``device`` (``check_devices``): a CUDA device, the CPU under
+    ``TRITON_INTERPRET=1`` or while launches are captured, ``meta`` while captured. The
+    question a validation fast path asks, with no error to build."""
+    kind = device.type
+    if kind == "cuda":
+        return True
+    if kind == "cpu":
+        return _arch.CAPTURING_LAUNCHES or _arch.is_interpreter()
+    return kind == "meta" and _arch.CAPTURING_LAUNCHES
 
 
 def check_initial_state(op: str, initial_state, expected, dims: str = "[N, H, K, V]") -> None:

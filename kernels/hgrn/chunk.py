@@ -30,14 +30,15 @@ final state (gradient) is its initial state (``_sequences_without_chunks``).
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from .. import _arch, _utils
 from .. import _library as library
-from .. import _utils
 from .._arch import COMPILE_OPTIONS
 from .._chunk import chunk_coords, chunk_span
 from .._sequence import empty_sequences, state_slots
@@ -149,25 +150,32 @@ def _output_bwd(g, o, h0, do, dx, dg, maps, slots, cu_seqlens, chunk_map, T, D, 
 
 
 class _Layout:
-    """Sizes, chunk table and configs of one call."""
+    """Sizes, chunk table and launch constants of a call (shared by the calls of one shape:
+    ``_layout``)."""
 
-    def __init__(self, x: torch.Tensor, cu_seqlens, offsets_host):
+    __slots__ = ("N", "T", "D", "cu_seqlens", "varlen", "chunk_map", "empty_sequences", "n_chunks", "slots",
+                 "channel_blocks", "NC", "grid", "args")
+
+    def __init__(self, x: torch.Tensor, cu_seqlens, offsets_host, NC: Optional[int] = None):
         B, T, D = x.shape
         self.N = B if cu_seqlens is None else cu_seqlens.numel() - 1
         self.T, self.D = T, D
         self.cu_seqlens = cu_seqlens
-        self.varlen = offsets_host is not None
-        self.empty_sequences = None
-        if self.varlen:
+        self.varlen = varlen = offsets_host is not None
+        if varlen:
             self.chunk_map = _utils.chunk_map(offsets_host, BT, x.device)
             self.n_chunks = self.chunk_map.shape[0]
             self.empty_sequences = empty_sequences(offsets_host, x.device)
         else:
-            self.chunk_map = None
+            self.chunk_map = self.empty_sequences = None
             self.n_chunks = B * _utils.cdiv(T, BT)
-        self.slots = state_slots(B, T, self.N, BT, self.varlen)
-        self.cfg = configs(D)
-        self.channel_blocks = _utils.cdiv(D, self.cfg["chunk"]["BD"])
+        self.slots = state_slots(B, T, self.N, BT, varlen)
+        launch, self.channel_blocks, self.NC = _launch_constants(D)
+        if NC is not None:  # a narrower carry scan (tests: a sequence over several steps)
+            self.NC = NC
+        self.grid = (self.n_chunks * self.channel_blocks,)
+        # the keyword arguments every chunk launch takes (sizes, block, warps, options)
+        self.args = dict(launch, T=T, IS_VARLEN=varlen)
 
     def counters(self, device) -> torch.Tensor:
         """The summary's per (sequence, channel block) counts, zero. Each launch leaves them
@@ -175,12 +183,42 @@ class _Layout:
         host time counts (each fill is a launch; ``kernels/README.md``)."""
         return torch.zeros(self.N * self.channel_blocks, dtype=torch.int32, device=device)
 
-    def chunk_grid(self):
-        return (self.n_chunks * self.channel_blocks,)
 
-    def chunk_args(self):
-        c = self.cfg["chunk"]
-        return dict(T=self.T, D=self.D, BT=BT, BD=c["BD"], IS_VARLEN=self.varlen, num_warps=c["num_warps"])
+_layouts: dict = {}
+
+
+def _layout(x: torch.Tensor, cu_seqlens, offsets_host) -> _Layout:
+    """The call's ``_Layout``: for sequences of one length, one per target arch and shape,
+    built once (nothing in it depends on the tensors' values or storage); packed sequences
+    and symbolic sizes (while torch.compile traces) build theirs each call."""
+    B, T, D = x.shape
+    if cu_seqlens is not None or not (type(B) is int and type(T) is int and type(D) is int):
+        return _Layout(x, cu_seqlens, offsets_host)
+    key = (_arch.target_arch(), B, T, D)
+    lay = _layouts.get(key)
+    if lay is None:
+        if len(_layouts) > 256:
+            _layouts.clear()
+        lay = _layouts[key] = _Layout(x, None, None)
+    return lay
+
+
+def _launch_constants(D):
+    """(the chunk launches' constant keyword arguments, channel blocks, maps a step of the
+    carry scan) for ``D`` channels on the target arch: built once per arch and size, since
+    this op's calls are host-bound (a symbolic size, while torch.compile traces, each time)."""
+    arch = _arch.target_arch()
+    return _cached_constants(arch, D) if isinstance(D, int) else _constants(arch, D)
+
+
+def _constants(arch: int, D):
+    cfg = configs(D, arch)
+    c = cfg["chunk"]
+    launch = dict(D=D, BT=BT, BD=c["BD"], num_warps=c["num_warps"], **COMPILE_OPTIONS)
+    return launch, _utils.cdiv(D, c["BD"]), cfg["carry"]["NC"]
+
+
+_cached_constants = functools.lru_cache(maxsize=None)(_constants)
 
 
 def _scan_passes(xs, g, init, final_dtype, lay: _Layout, reverse: bool, counters):
@@ -193,9 +231,8 @@ def _scan_passes(xs, g, init, final_dtype, lay: _Layout, reverse: bool, counters
     maps = _utils.empty((3, lay.slots, lay.D), torch.float32, g.device)
     final = _utils.empty((lay.N, lay.D), final_dtype, g.device) if need_final else None
     if lay.n_chunks > 0:
-        _summary[lay.chunk_grid()](xs, g, maps, lay.slots, init, final, counters, lay.cu_seqlens, lay.chunk_map,
-                                   **lay.chunk_args(), NC=lay.cfg["carry"]["NC"], REVERSE=reverse,
-                                   USE_INIT=init is not None, STORE_FINAL=need_final, **COMPILE_OPTIONS)
+        _summary[lay.grid](xs, g, maps, lay.slots, init, final, counters, lay.cu_seqlens, lay.chunk_map, **lay.args,
+                           NC=lay.NC, REVERSE=reverse, USE_INIT=init is not None, STORE_FINAL=need_final)
     if need_final:
         _sequences_without_chunks(final, init, lay)
     return maps, final
@@ -220,32 +257,35 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
              *, keep, offsets):
     """Passes 1-2 forward; the backward reads the output (``h_{t-1}``) and the summary's
     counters, which the forward left zero."""
-    x, g, initial_state = _utils.contiguous(x, g, initial_state)
-    lay = _Layout(x, cu_seqlens, offsets)
+    x, g = x.contiguous(), g.contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    lay = _layout(x, cu_seqlens, offsets)
     counters = lay.counters(x.device)
     maps, final_state = _scan_passes(x, g, initial_state, torch.float32 if output_final_state else None, lay,
                                          False, counters)
     o = _utils.empty_like(x)
     if lay.n_chunks > 0:
-        _output_fwd[lay.chunk_grid()](x, g, o, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.chunk_args(), **COMPILE_OPTIONS)
+        _output_fwd[lay.grid](x, g, o, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.args)
     return (o, final_state), ((counters,) if keep else ())
 
 
 def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
               *, needs_grad, offsets, outputs):
     (o, _), (do, dht) = outputs, grads
-    g, initial_state, do, dht = _utils.contiguous(g, initial_state, do, dht)
-    if do is None:  # only the final state was used
-        do = torch.zeros_like(o)
-    lay = _Layout(o, cu_seqlens, offsets)
+    g = g.contiguous()
+    # only the final state was used: no output gradient
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    initial_state, dht = _utils.contiguous(initial_state, dht)
+    lay = _layout(o, cu_seqlens, offsets)
     need_dh0 = initial_state is not None and needs_grad["initial_state"]
     counters = saved[0] if saved else lay.counters(o.device)
     maps, dh0 = _scan_passes(do, g, dht, initial_state.dtype if need_dh0 else None, lay, True, counters)
     dx = _utils.empty(o.shape, x.dtype, o.device)
     dg = _utils.empty_like(g)
     if lay.n_chunks > 0:
-        _output_bwd[lay.chunk_grid()](g, o, initial_state, do, dx, dg, maps, lay.slots, cu_seqlens, lay.chunk_map,
-                                      **lay.chunk_args(), USE_H0=initial_state is not None, **COMPILE_OPTIONS)
+        _output_bwd[lay.grid](g, o, initial_state, do, dx, dg, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.args,
+                              USE_H0=initial_state is not None)
     return dict(x=dx, g=dg, initial_state=dh0)
 
 
@@ -263,6 +303,6 @@ def chunk_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.Tensor | N
     device-to-host copy. Returns ``(o, final_state)``, ``final_state`` float32 ``[N, D]``
     or None.
     """
-    shapes = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
+    offsets = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     return CHUNK_HGRN(x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
-                      offsets=shapes.offsets_host)
+                      offsets=offsets)

@@ -116,6 +116,6 @@ def fused_recurrent_hgrn(x: torch.Tensor, g: torch.Tensor, initial_state: torch.
 
     Arguments and results as :func:`kernels.chunk_hgrn`.
     """
-    shapes = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
+    offsets = check_hgrn_inputs(OP, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     return FUSED_RECURRENT_HGRN(x, g, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
-                                offsets=shapes.offsets_host)
+                                offsets=offsets)

@@ -76,8 +76,7 @@ def test_states_entering_every_chunk(reverse):
     B, T, D = 2, 330, 40
     x, g = _inputs(B, T, D, normalizer=4.0, seed=2)
     h0 = torch.randn(B, D, generator=torch.Generator().manual_seed(3)).to(_device())
-    lay = hgrn_chunk._Layout(x, None, None)
-    lay.cfg = {**lay.cfg, "carry": {**lay.cfg["carry"], "NC": 4}}
+    lay = hgrn_chunk._Layout(x, None, None, NC=4)
     BT = hgrn_chunk.BT
     NT = -(-T // BT)
     if not reverse:
