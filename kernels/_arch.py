@@ -63,16 +63,19 @@ def launch_options(num_warps: int, num_stages: int = 1, maxnreg: int | None = No
 _ENVIRON_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 
-@functools.lru_cache(maxsize=None)
-def _environ_key(name: str) -> bytes:
-    return os.fsencode(name)
+# the names' encoded keys (a plain dict: torch.compile traces through the wrappers' calls,
+# and would warn at a functools cache)
+_ENVIRON_KEYS: dict = {}
 
 
 def environ(name: str) -> str | None:
     """``os.environ.get(name)``, cheaper (``_ENVIRON_BYTES``)."""
     if _ENVIRON_BYTES is None:
         return os.environ.get(name)
-    value = _ENVIRON_BYTES.get(_environ_key(name))
+    key = _ENVIRON_KEYS.get(name)
+    if key is None:
+        key = _ENVIRON_KEYS[name] = os.fsencode(name)
+    value = _ENVIRON_BYTES.get(key)
     return None if value is None else os.fsdecode(value)
 
 

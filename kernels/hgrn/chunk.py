@@ -214,7 +214,7 @@ def _launch_constants(D):
 def _constants(arch: int, D):
     cfg = configs(D, arch)
     c = cfg["chunk"]
-    launch = dict(D=D, BT=BT, BD=c["BD"], num_warps=c["num_warps"], **COMPILE_OPTIONS)
+    launch = dict(D=D, BT=BT, BD=c["BD"], num_warps=c["num_warps"])
     return launch, _utils.cdiv(D, c["BD"]), cfg["carry"]["NC"]
 
 
@@ -232,7 +232,8 @@ def _scan_passes(xs, g, init, final_dtype, lay: _Layout, reverse: bool, counters
     final = _utils.empty((lay.N, lay.D), final_dtype, g.device) if need_final else None
     if lay.n_chunks > 0:
         _summary[lay.grid](xs, g, maps, lay.slots, init, final, counters, lay.cu_seqlens, lay.chunk_map, **lay.args,
-                           NC=lay.NC, REVERSE=reverse, USE_INIT=init is not None, STORE_FINAL=need_final)
+                           NC=lay.NC, REVERSE=reverse, USE_INIT=init is not None, STORE_FINAL=need_final,
+                           **COMPILE_OPTIONS)
     if need_final:
         _sequences_without_chunks(final, init, lay)
     return maps, final
@@ -266,7 +267,7 @@ def _forward(x: torch.Tensor, g: torch.Tensor, initial_state: Optional[torch.Ten
                                          False, counters)
     o = _utils.empty_like(x)
     if lay.n_chunks > 0:
-        _output_fwd[lay.grid](x, g, o, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.args)
+        _output_fwd[lay.grid](x, g, o, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.args, **COMPILE_OPTIONS)
     return (o, final_state), ((counters,) if keep else ())
 
 
@@ -285,7 +286,7 @@ def _backward(grads, saved, x, g, initial_state, cu_seqlens, cu_seqlens_cpu, out
     dg = _utils.empty_like(g)
     if lay.n_chunks > 0:
         _output_bwd[lay.grid](g, o, initial_state, do, dx, dg, maps, lay.slots, cu_seqlens, lay.chunk_map, **lay.args,
-                              USE_H0=initial_state is not None)
+                              USE_H0=initial_state is not None, **COMPILE_OPTIONS)
     return dict(x=dx, g=dg, initial_state=dh0)
 
 
