@@ -116,8 +116,10 @@ RMS_NORM = _norm_spec(
           gpu_dims={**NORM_GPU, "D": 96}),
      # more row blocks than the backward's partial-sum programs (264 under the
      # interpreter, which assumes an H100): program 0 adds two blocks into its dweight
-     # row, and the [P, D] partials sum has rows past P in its block
-     Case("shared_programs", NORM_SHARED_PROGRAMS, options={"weight": True}, checks=("forward", "backward"))),
+     # row, the [P, 2 D] partials sum has rows past P in its block, and each program's
+     # dbias lands at its own row (the one case with more than one program and a bias)
+     Case("shared_programs", NORM_SHARED_PROGRAMS, options={"weight": True, "bias": True},
+          checks=("forward", "backward"))),
     grads=("x", "weight", "bias"), affine=True,
 )
 RMS_NORM_GATED = _norm_spec(
