@@ -29,11 +29,13 @@ part=${1:-tests}; shift || true
 OUT=${OUT:-/tmp/fla-out}
 LOGS=$OUT/logs/$part/$part; mkdir -p "$LOGS"  # three levels down: only the archive travels back
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+# once a machine: a second install would replace the peer under a part still running beside this one
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/fla ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+[ -d /tmp/site/fla ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import importlib.metadata as m; m.distribution("pytest-fla")' 2>/dev/null ||  # once a machine, as above
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
 # Isolated test children (each in a session of its own under a stall limit) and the tool
 # can outlive a call cut at its limit on a machine that stays warm, loading the next call's
 # CPU (host-bound bench lines, the sanitizer's start-ups). Each call says what it found and

@@ -76,6 +76,29 @@ def test_rotary_tables_take_the_input_dtype(fake_peer):
     assert call["cos"].dtype == call["sin"].dtype == torch.bfloat16
 
 
+def test_conv_adapter_hands_the_peer_a_window_of_w_and_takes_back_w_minus_1(fake_peer):
+    """The peer keeps the last ``W`` inputs as a convolution's state (``[N, D, W]``, its
+    oldest column never read), the contract the last ``W - 1``. A stand-in written to that
+    layout, called through the adapter, gives the reference's output and final state."""
+    import reference
+
+    def peer_conv(x, weight, initial_state, output_final_state, **_):
+        B, T, D = x.shape
+        W = weight.shape[1]
+        assert initial_state.shape == (B, D, W) and not initial_state[..., 0].any()
+        history = torch.cat([initial_state, x.transpose(1, 2)], dim=2)  # [B, D, W + T]
+        y = sum(weight[None, :, i, None] * history[:, :, 1 + i:1 + i + T] for i in range(W)).transpose(1, 2)
+        return y, history[:, :, -W:] if output_final_state else None
+
+    fake_peer.op = peer_conv
+    adapter = peer.Adapter("fake_peer", "op", prepare=peer._conv_window_in, finish=peer._conv_window_out)
+    x, weight, state = torch.randn(2, 5, 3, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64), torch.randn(2, 3, 3, dtype=torch.float64)
+    y, final_state = adapter(x=x, weight=weight, initial_state=state, output_final_state=True)
+    y_ref, final_ref = reference.causal_conv1d(x, weight, initial_state=state, output_final_state=True)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(final_state, final_ref)
+
+
 def test_peer_specs_need_the_peer(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(pytest.UsageError, match="fla-core 0.6.0, which is not importable"):

@@ -18,7 +18,10 @@ The adapters were written from the peer's signatures alone (``inspect.signature`
   positionally with no default: both are passed, ``eps`` at the contract's 1e-6;
 * ``parallel_attn`` is causal only (no ``causal`` argument): a non-causal call raises;
 * rotary: the peer's ``rotary_embedding(x, cos, sin, ...)`` gets the angle tables the
-  contract's ``apply_rotary(x, dim, base, ...)`` implies.
+  contract's ``apply_rotary(x, dim, base, ...)`` implies;
+* ``causal_conv1d`` keeps the last ``W`` inputs as its state (``[N, D, W]``, the oldest
+  never read), the contract the last ``W - 1``: a zero column goes in front of the
+  initial state, and the final state's first column is dropped.
 
 Ops of this repo without a counterpart in fla-core 0.6.0 (the GatedDeltaNet layer as a
 function of its parameters) are left out. Compile checks are left out too: they call the
@@ -40,13 +43,15 @@ PEER = "fla-core 0.6.0"
 class Adapter:
     """Calls the peer's ``module.function`` with the contract's keyword arguments:
     ``rename`` maps ours to theirs, ``defaults`` fills arguments the call leaves out,
-    ``prepare(kwargs) -> kwargs`` reshapes the rest."""
+    ``prepare(kwargs) -> kwargs`` reshapes the rest, ``finish(result) -> result`` the
+    peer's result."""
 
     module: str
     function: str
     rename: tuple = ()
     defaults: tuple = ()
     prepare: Callable | None = None
+    finish: Callable | None = None
 
     @property
     def target(self) -> Callable:
@@ -57,7 +62,8 @@ class Adapter:
         if self.prepare is not None:
             kwargs = self.prepare(kwargs)
         names = dict(self.rename)
-        return self.target(**{names.get(k, k): v for k, v in kwargs.items()})
+        result = self.target(**{names.get(k, k): v for k, v in kwargs.items()})
+        return result if self.finish is None else self.finish(result)
 
     def __repr__(self) -> str:
         return f"{self.module}.{self.function}"
@@ -86,6 +92,21 @@ def _rotary_tables(kwargs: dict) -> dict:
     angles = torch.outer(positions, inv_freq)
     kwargs.pop("cu_seqlens_cpu", None)
     return {"x": x, "cos": angles.cos().to(x.dtype), "sin": angles.sin().to(x.dtype), "seqlen_offsets": offset, **kwargs}
+
+
+def _conv_window_in(kwargs: dict) -> dict:
+    """The contract's ``initial_state [N, D, W-1]`` (the last ``W - 1`` inputs) as the peer's
+    ``[N, D, W]`` (the last ``W``, the oldest of which its window never reads: zero)."""
+    import torch.nn.functional as F
+
+    state = kwargs.get("initial_state")
+    return kwargs if state is None else {**kwargs, "initial_state": F.pad(state, (1, 0))}
+
+
+def _conv_window_out(result):
+    """The peer's ``final_state [N, D, W]`` as the contract's last ``W - 1`` inputs."""
+    y, final_state = result
+    return y, (None if final_state is None else final_state[..., 1:])
 
 
 def _same(module: str, function: str, **fields) -> Adapter:
@@ -123,7 +144,7 @@ ADAPTERS = {
                       defaults=(("weight", None), ("bias", None), ("eps", 1e-6))),
     "rms_norm_gated": _same("fla.modules.fused_norm_gate", "rms_norm_gated",
                             defaults=(("weight", None), ("bias", None), ("eps", 1e-6))),
-    "causal_conv1d": _same("fla.modules.convolution", "causal_conv1d"),
+    "causal_conv1d": _same("fla.modules.convolution", "causal_conv1d", prepare=_conv_window_in, finish=_conv_window_out),
     "apply_rotary": _same("fla.modules.rotary", "rotary_embedding", prepare=_rotary_tables),
     "rotary_embedding": _same("fla.modules.rotary", "rotary_embedding"),
 }
