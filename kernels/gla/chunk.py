@@ -183,8 +183,8 @@ from .. import _arch, _partials, _utils
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
 from .._gate_levels import (
-    LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates, one_product_spread, right_half,
-    sums_after,
+    LEVELS, gated_operand, gated_prec, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates,
+    one_product_spread, right_half, sums_after,
 )
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
@@ -284,10 +284,10 @@ def _shift_rows(x, by: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _intra_fwd(
-    q, k, g, u, A, q_in, k_out, decay, scratch, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, g, u, A, A_lo, q_in, k_out, decay, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr, STORE_A_LO: tl.constexpr,
 ):
     """Per chunk: ``A``, and the gate-scaled operands of the state pass. With BONUS
     (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``.
@@ -321,9 +321,9 @@ def _intra_fwd(
             # every |G| <= SPREAD: all pairs i > j in one product of q e^{G} (BONUS: e^{G - g})
             # and k e^{-G} (kernels/_gate_levels.py)
             Q = G - b_g if BONUS else G
-            q_s = (b_q * tl.exp(Q)).to(DOT)
-            k_s = (b_k * tl.exp(-G)).to(DOT)
-            a += tl.where(rows > cols, tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            q_s = gated_operand(b_q * tl.exp(Q), DOT, GATED_PREC)
+            k_s = gated_operand(b_k * tl.exp(-G), DOT, GATED_PREC)
+            a += tl.where(rows > cols, tl.dot(q_s, tl.trans(k_s), input_precision=GATED_PREC), 0.0)
             R = sums_after(b_g, G)
         else:
             # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
@@ -334,9 +334,9 @@ def _intra_fwd(
             for level in tl.static_range(LEVELS):
                 right = right_half(level, BT)
                 factor = tl.exp(tl.where(right, Q, R))
-                q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-                k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-                a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+                q_s = gated_operand(tl.where(right, b_q * factor, 0.0), DOT, GATED_PREC)
+                k_s = gated_operand(tl.where(right, 0.0, b_k * factor), DOT, GATED_PREC)
+                a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=GATED_PREC), 0.0)
                 Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
         # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
@@ -353,7 +353,12 @@ def _intra_fwd(
 
     a = tl.where(rows == cols, qk_self[:, None], a) * scale
     p_a, m_a = _tile(A, nrows, H * BT, 0, BT, BT, BT)
-    tl.store(p_a, a.to(A.dtype.element_ty), mask=m_a)
+    a_hi = a.to(A.dtype.element_ty)
+    tl.store(p_a, a_hi, mask=m_a)
+    if STORE_A_LO:
+        # what A's rounding left out, for dv's A^T do (the output's A v takes A alone)
+        p_lo, m_lo = _tile(A_lo + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+        tl.store(p_lo, (a - a_hi.to(tl.float32)).to(A_lo.dtype.element_ty), mask=m_lo)
 
 
 @triton.jit
@@ -445,12 +450,13 @@ def _output_fwd(
 
 @triton.jit
 def _states_dv_bwd(
-    q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, cu_seqlens, chunk_offsets, T, NT,
+    q_in, k_out, decay, A, A_lo, do, dht, dh0, dh_chunks, dv, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    USE_A_LO: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Walk one sequence's chunks backwards: dv = k_out dh + A^T do, dh <- decay dh + q_in^T do."""
+    """Walk one sequence's chunks backwards: dv = k_out dh + A^T do, dh <- decay dh + q_in^T do.
+    With USE_A_LO, ``A^T do`` is ``A^T do + A_lo^T do``: A to about 16 bits, not bf16's 8."""
     pid = tl.program_id(0)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_v = pid % NV
@@ -479,11 +485,16 @@ def _states_dv_bwd(
         b_do = tl.load(p_do, mask=m_do, other=0.0).to(DOT)
         p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
         b_a = tl.load(p_a, mask=m_a, other=0.0).to(DOT)
+        if USE_A_LO:
+            p_a_lo, _ = _tile(A_lo + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+            b_a_lo = tl.load(p_a_lo, mask=m_a, other=0.0).to(DOT)
         b_decay = tl.load(decay + i_state * K + kvec, mask=kvec < K, other=0.0)
         p_dh, m_dh = _state_tile(dh_chunks, i_state, K, V, 0, v0, BK, BV)
         tl.store(p_dh, dh.to(dh_chunks.dtype.element_ty), mask=m_dh)
         b_dv = tl.dot(b_k, dh.to(DOT), input_precision=PREC)
         b_dv = tl.dot(tl.trans(b_a), b_do, b_dv, input_precision=PREC)
+        if USE_A_LO:
+            b_dv = tl.dot(tl.trans(b_a_lo), b_do, b_dv, input_precision=PREC)
         p_dv, m_dv = _tile(dv + row0 * V, nrows, H * V, v0, V, BT, BV)
         tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_dv)
         dh = tl.dot(tl.trans(b_q), b_do, dh * b_decay[:, None], input_precision=PREC)
@@ -518,7 +529,7 @@ def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
 
 @triton.jit
 def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
-                     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
+                     DOT: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
                      THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr):
     """dq, dk of the pairs i > j within a chunk, in one product where the gates allow it
     and level by level otherwise, as in the forward; also their terms of dg, ``q ⊙ dq`` and
@@ -536,11 +547,12 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         Q = G - b_g if BONUS else G
         e_q = tl.exp(Q)
         e_k = tl.exp(-G)
-        d_a_s = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0).to(DOT)
-        k_s = (b_k * e_k).to(DOT)
-        q_s = (b_q * e_q).to(DOT)
-        to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
-        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        d_a_s = gated_operand(tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0), DOT,
+                              GATED_PREC)
+        k_s = gated_operand(b_k * e_k, DOT, GATED_PREC)
+        q_s = gated_operand(b_q * e_q, DOT, GATED_PREC)
+        to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
+        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
         dq_intra = e_q * to_q
         dk_intra = e_k * to_k
         q_dq_intra = q_s.to(tl.float32) * to_q
@@ -554,11 +566,11 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         for level in tl.static_range(LEVELS):
             right = right_half(level, BT)
             factor = tl.exp(tl.where(right, Q, R))
-            d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
-            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-            to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
-            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+            d_a_s = gated_operand(tl.where(level_pairs(level, BT), d_a, 0.0), DOT, GATED_PREC)
+            k_s = gated_operand(tl.where(right, 0.0, b_k * factor), DOT, GATED_PREC)
+            q_s = gated_operand(tl.where(right, b_q * factor, 0.0), DOT, GATED_PREC)
+            to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
+            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
             dq_intra += tl.where(right, factor, 0.0) * to_q
             dk_intra += tl.where(right, 0.0, factor) * to_k
             Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
@@ -571,8 +583,8 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
 def _qkg_bwd(
     q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
-    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr,
+    BONUS: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
     chunk's share of du, one row of ``du_part [chunk rows, H * K]``. With THROUGH_SCRATCH
@@ -612,7 +624,7 @@ def _qkg_bwd(
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
     dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R = _intra_pairs_bwd(
-        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
+        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, GATED_PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
     dq_inter = dq_inter * tl.exp(Q) * scale
     b_dq = dq_inter + dq_intra
@@ -672,11 +684,13 @@ def _dot_types(work: torch.dtype):
 def _state_stages(BK: int, BV: int, elt: int, smem: int) -> int:
     """Most load stages (<= 3) of a state kernel that fit the shared memory ``smem``.
 
-    Per stage the kernel buffers one chunk of q_in, k_out, v (or do) and A; on top sits a
-    copy of the state for the tensor cores (measured by offline compile: 81920 bytes at
-    one stage, +49152 per stage, for K = 128, BV = 64, bf16).
+    Per stage the kernel buffers one chunk of q_in, k_out, v (or do) and A (bf16: in the
+    backward also A's low part); on top sits a copy of the state for the tensor cores
+    (measured by offline compile: 81920 bytes at one stage, +49152 per stage, for K = 128,
+    BV = 64, bf16, the forward).
     """
-    per_stage = (2 * BT * BK + BT * BV + BT * BT) * elt
+    a_tiles = 2 if elt == 2 else 1
+    per_stage = (2 * BT * BK + BT * BV + a_tiles * BT * BT) * elt
     fixed = 2 * BK * BV * elt
     for stages in (3, 2, 1):
         if stages * per_stage + fixed <= smem:
@@ -783,6 +797,9 @@ class _Layout:
         self.work = torch.float32 if q.dtype == torch.float16 else q.dtype
         self.cfg = _configs(K, self.V, self.work)
         self.dot, self.prec = _dot_types(self.work)
+        self.gated_prec = gated_prec(self.dot, self.prec)  # products of gate-scaled operands
+        # bf16 A: its rounding error kept beside it for the backward's A^T do
+        self.a_lo = self.work != torch.float32
         self.spread = one_product_spread(self.work)  # the gate-level kernels' one-product limit
         # fp32 state passes at a 16-wide value block (K > 128): on sm90 their three-pass
         # tf32 products read shared memory out of bounds at 8 warps, and at 4 gave outputs
@@ -800,6 +817,7 @@ class _Layout:
 def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool, u=None):
     H, K, V = lay.H, lay.K, lay.V
     A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
+    A_lo = _utils.empty_like(A) if save_states and lay.a_lo else None
     q_in = _utils.empty_like(q, lay.work)
     k_out = _utils.empty_like(k, lay.work)
     decay = _utils.empty((lay.chunk_rows, H, K), torch.float32, q.device)
@@ -808,8 +826,9 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         through = cfg.get("siblings") == "scratch"
         scratch = _utils.empty((lay.n_chunks * H, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _intra_fwd[(lay.n_chunks * H,)](
-            q, k, g, u, A, q_in, k_out, decay, scratch, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through, SPREAD=lay.spread,
+            q, k, g, u, A, A_lo, q_in, k_out, decay, scratch, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
+            GATED_PREC=lay.gated_prec, LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through,
+            SPREAD=lay.spread, STORE_A_LO=A_lo is not None,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     o = _utils.empty_like(v)
@@ -835,21 +854,22 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
             q_in, v, A, h_chunks, o, lay.cu_seqlens, lay.chunk_map, **lay.common(), V=V, BK=cfg["BK"], BV=cfg["BV"],
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
-    return o, final_state, (A, q_in, k_out, decay, h_chunks)
+    return o, final_state, (A, A_lo, q_in, k_out, decay, h_chunks)
 
 
 def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.dtype | None, u=None):
     """``dh0_dtype``: the initial state's dtype, its gradient's; None when it is not wanted."""
     need_dh0 = dh0_dtype is not None
-    A, q_in, k_out, decay, h_chunks = saved
+    A, A_lo, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
     dh_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device)
     dv = _utils.empty_like(v)
     dh0 = _utils.empty((lay.N, H, K, V), dh0_dtype, q.device) if need_dh0 else None
     cfg = lay.cfg["state"]
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
-        q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
+        q_in, k_out, decay, A, A_lo, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        USE_A_LO=A_lo is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     dq = _utils.empty_like(q)
@@ -865,7 +885,8 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.
         scratch = _utils.empty((lay.n_chunks * H * NK, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _qkg_bwd[(lay.n_chunks * H, NK)](
             q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, lay.cu_seqlens, lay.chunk_map,
-            scale, **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
+            scale, **lay.common(), V=V, GATED_PREC=lay.gated_prec, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
+            BONUS=u is not None,
             THROUGH_SCRATCH=through, SPREAD=lay.spread,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
