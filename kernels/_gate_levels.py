@@ -61,9 +61,9 @@ SPREAD_BY_WORK = {torch.bfloat16: 40.0, torch.float32: 16.0}
 
 # The input precision of the products of gate-scaled operands (:func:`gated_operand`), by the
 # dtype of the kernel's other products: bf16 work takes one-pass tf32 there. A bf16 product
-# of two such operands carries both operands' roundings (each an ulp of bf16) into the scores
-# the output and every gradient are built from: measured on chunk_rwkv6 (bf16, B=2 T=300
-# H=2 K=V=64, realistic gates), the forward's score product alone took `o` from 2.4e-3 to
+# of two such operands carries both operands' roundings (up to half a bf16 ulp each) into the
+# scores the output and every gradient are built from: measured on chunk_rwkv6 (bf16, B=2 T=300
+# H=2 K=V=64, realistic gates; docs/tolerances.md), the forward's score product alone took `o` from 2.4e-3 to
 # 3.2e-3 relative RMS, the backward's two from 1.8e-3 to 2.6e-3 (`dr`) and 1.1e-3 to 2.6e-3
 # (`dw`). tf32 keeps 3 more bits, at half the bf16 rate on these few small products.
 GATED_PREC_BY_DOT = {"bf16": "tf32"}
@@ -97,7 +97,7 @@ def gated_operand(x, DOT: tl.constexpr, GATED_PREC: tl.constexpr):
     rounded to the nearest tf32 (10 fraction bits, ties away from zero; Inf and NaN kept),
     which the tensor cores read exactly (they drop the low 13 bits, a truncation); else
     ``x`` in ``DOT``. Unlike the inputs, these operands are not bf16 values: rounding them
-    to bf16 put an error of about ``u_bf16`` into every intra-chunk score (:data:`GATED_PREC_BY_DOT`)."""
+    to bf16 put both operands' rounding errors into every intra-chunk score (:data:`GATED_PREC_BY_DOT`)."""
     if GATED_PREC == "tf32":
         bits = x.to(tl.uint32, bitcast=True)
         rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)

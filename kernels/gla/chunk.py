@@ -142,13 +142,29 @@ before the next query reads it); working that through as above::
 ``(t + 1, t)``, whose factor ``e^{X_{t+1} - G_t}`` is 1 at any decay: they are left out of
 the levels and added to dq, dk after dg, as the diagonal is for gla.
 
+Precision (bf16)
+----------------
+The inputs and ``q_in``, ``k_out``, ``h``, ``dh`` meet the tensor cores in bf16. The
+gate-scaled operands of the intra-chunk products, ``q ⊙ e^{L}``, ``k ⊙ e^{R}`` and the
+backward's ``dA``, are not inputs but fp32 values, and rounding them to bf16 put an
+error of an ulp into every score ``A_ij`` and every pair's share of ``dq``, ``dk``, ``dg``:
+they go in as tf32 (``kernels._gate_levels.gated_operand``) in the one-product form
+(realistic gates). The levels (strong decay) keep bf16: there the decayed pairs weigh
+little (no error measured moved), and tf32 operands across six levels took the
+kernels' spills up to twice (offline ptxas, sm90). ``A`` itself is stored in bf16
+for the output's ``A v``; for the backward's ``A^T do`` (``dv``) its rounding error is
+stored beside it, ``A_lo = bf16(A - bf16(A))``, and ``dv`` takes both (one product more
+in the state pass). Each change brought chunk_rwkv6's errors to the peer library's
+(``docs/tolerances.md``).
+
 Kernels and launches
 --------------------
 Forward, 2 launches (3 with the ``output`` config: the output moves to ``_output_fwd``,
 grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk state):
 
 1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
-   blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
+   blocks of ``BK``) in ``q``'s dtype (for training in bf16 also ``A_lo``), and ``q_in``,
+   ``k_out`` (``q``'s dtype) and
    ``e^{G_L}`` (fp32, per chunk) for the state pass. The level sums' sibling totals go
    through a float32 ``[BT, BK]`` scratch tile per program (``chunks * H * BT * BK``
    floats, freed after the launch) rather than ``tl.gather`` (config ``siblings``).
@@ -158,8 +174,8 @@ grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk
    multi-buffered. Writes the output, the final state and (for training) the
    chunk-entry states ``h`` in ``q``'s dtype.
 
-Backward, 2 launches (``A``, ``q_in``, ``k_out``, ``e^{G_L}`` and ``h`` saved from the
-forward):
+Backward, 2 launches (``A``, ``A_lo``, ``q_in``, ``k_out``, ``e^{G_L}`` and ``h`` saved from
+the forward):
 
 3. ``_states_dv_bwd``: grid ``(N * H * cdiv(V, BV),)``; walks the chunks backwards keeping
    ``dh`` in registers: ``dv``, the per-chunk ``dh`` (``q``'s dtype), and the initial
@@ -334,9 +350,9 @@ def _intra_fwd(
             for level in tl.static_range(LEVELS):
                 right = right_half(level, BT)
                 factor = tl.exp(tl.where(right, Q, R))
-                q_s = gated_operand(tl.where(right, b_q * factor, 0.0), DOT, GATED_PREC)
-                k_s = gated_operand(tl.where(right, 0.0, b_k * factor), DOT, GATED_PREC)
-                a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=GATED_PREC), 0.0)
+                q_l = tl.where(right, b_q * factor, 0.0).to(DOT)
+                k_l = tl.where(right, 0.0, b_k * factor).to(DOT)
+                a += tl.where(level_pairs(level, BT), tl.dot(q_l, tl.trans(k_l), input_precision=PREC), 0.0)
                 Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
         # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
@@ -529,7 +545,7 @@ def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
 
 @triton.jit
 def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
-                     DOT: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
+                     DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
                      THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr):
     """dq, dk of the pairs i > j within a chunk, in one product where the gates allow it
     and level by level otherwise, as in the forward; also their terms of dg, ``q ⊙ dq`` and
@@ -541,7 +557,11 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
     (module docstring, "Gate gradient"). Formed from the unrounded ``q``, ``k``, every pair
     left the difference of two operand roundings in dg, summed over the chunk (bf16 ``dw``
     of rwkv6 twice the error). The levels (strong decay) form them from ``q``, ``k`` after
-    the loop: two more accumulators across it doubled the kernel's spills on sm90."""
+    the loop: two more accumulators across it doubled the kernel's spills on sm90.
+
+    The one product takes its operands in GATED_PREC (tf32 for bf16 work,
+    ``kernels._gate_levels.gated_operand``); the levels keep DOT at PREC: tf32 operands
+    there took the kernel's spills on sm90 from 488 to 1124 bytes (offline ptxas, K = V = 128)."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         Q = G - b_g if BONUS else G
@@ -566,11 +586,11 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         for level in tl.static_range(LEVELS):
             right = right_half(level, BT)
             factor = tl.exp(tl.where(right, Q, R))
-            d_a_s = gated_operand(tl.where(level_pairs(level, BT), d_a, 0.0), DOT, GATED_PREC)
-            k_s = gated_operand(tl.where(right, 0.0, b_k * factor), DOT, GATED_PREC)
-            q_s = gated_operand(tl.where(right, b_q * factor, 0.0), DOT, GATED_PREC)
-            to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
-            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
+            d_a_l = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
+            k_l = tl.where(right, 0.0, b_k * factor).to(DOT)
+            q_l = tl.where(right, b_q * factor, 0.0).to(DOT)
+            to_q = tl.dot(d_a_l, k_l, input_precision=PREC)
+            to_k = tl.dot(tl.trans(d_a_l), q_l, input_precision=PREC)
             dq_intra += tl.where(right, factor, 0.0) * to_q
             dk_intra += tl.where(right, 0.0, factor) * to_k
             Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
@@ -624,7 +644,7 @@ def _qkg_bwd(
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
     dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R = _intra_pairs_bwd(
-        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, GATED_PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
+        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, GATED_PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
     dq_inter = dq_inter * tl.exp(Q) * scale
     b_dq = dq_inter + dq_intra
