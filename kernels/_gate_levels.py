@@ -65,7 +65,9 @@ SPREAD_BY_WORK = {torch.bfloat16: 40.0, torch.float32: 16.0}
 # scores the output and every gradient are built from: measured on chunk_rwkv6 (bf16, B=2 T=300
 # H=2 K=V=64, realistic gates; docs/tolerances.md), the forward's score product alone took `o` from 2.4e-3 to
 # 3.2e-3 relative RMS, the backward's two from 1.8e-3 to 2.6e-3 (`dr`) and 1.1e-3 to 2.6e-3
-# (`dw`). tf32 keeps 3 more bits, at half the bf16 rate on these few small products.
+# (`dw`). tf32 keeps 3 more bits, at half the bf16 rate. chunk_gla and chunk_rwkv6 take it in
+# the forward's score product only (kernels/gla/chunk.py, "Precision": the backward's cost more
+# time than their accuracy was worth).
 GATED_PREC_BY_DOT = {"bf16": "tf32"}
 
 

@@ -145,17 +145,19 @@ the levels and added to dq, dk after dg, as the diagonal is for gla.
 Precision (bf16)
 ----------------
 The inputs and ``q_in``, ``k_out``, ``h``, ``dh`` meet the tensor cores in bf16. The
-gate-scaled operands of the intra-chunk products, ``q ⊙ e^{L}``, ``k ⊙ e^{R}`` and the
-backward's ``dA``, are not inputs but fp32 values, and rounding them to bf16 put an
-error of an ulp into every score ``A_ij`` and every pair's share of ``dq``, ``dk``, ``dg``:
-they go in as tf32 (``kernels._gate_levels.gated_operand``) in the one-product form
-(realistic gates). The levels (strong decay) keep bf16: there the decayed pairs weigh
-little (no error measured moved), and tf32 operands across six levels took the
-kernels' spills up to twice (offline ptxas, sm90). ``A`` itself is stored in bf16
-for the output's ``A v``; for the backward's ``A^T do`` (``dv``) its rounding error is
-stored beside it, ``A_lo = bf16(A - bf16(A))``, and ``dv`` takes both (one product more
-in the state pass). Each change brought chunk_rwkv6's errors to the peer library's
-(``docs/tolerances.md``).
+gate-scaled operands of the forward's intra-chunk score product, ``q ⊙ e^{L}`` and
+``k ⊙ e^{R}``, are not inputs but fp32 values, and rounding them to bf16 put an error of
+an ulp into every score ``A_ij``: they go in as tf32
+(``kernels._gate_levels.gated_operand``) in the one-product form (realistic gates). The
+levels (strong decay) keep bf16: there the decayed pairs weigh little (no error measured
+moved), and tf32 operands across six levels took the kernels' spills up to twice (offline
+ptxas, sm90). ``A`` itself is stored in bf16 for the output's ``A v``; for the backward's
+``A^T do`` (``dv``) its rounding error is stored beside it, ``A_lo = bf16(A - bf16(A))``,
+and ``dv`` takes both (one product more in the state pass). Those two changes brought
+chunk_rwkv6's ``o`` and ``dv`` errors to the peer library's (``docs/tolerances.md``). The
+backward's pair products (``dA`` with the gated ``k``, ``q``) keep bf16 operands: tf32
+there brought ``dr``, ``dk``, ``dw`` to the peer's too, but took ``_qkg_bwd`` from 1.34 to
+1.54 ms (H200, B=4 T=4096 H=16 K=V=128), a loss of speed the accuracy did not buy.
 
 Kernels and launches
 --------------------
@@ -545,7 +547,7 @@ def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
 
 @triton.jit
 def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
-                     DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
+                     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
                      THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr):
     """dq, dk of the pairs i > j within a chunk, in one product where the gates allow it
     and level by level otherwise, as in the forward; also their terms of dg, ``q ⊙ dq`` and
@@ -557,22 +559,17 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
     (module docstring, "Gate gradient"). Formed from the unrounded ``q``, ``k``, every pair
     left the difference of two operand roundings in dg, summed over the chunk (bf16 ``dw``
     of rwkv6 twice the error). The levels (strong decay) form them from ``q``, ``k`` after
-    the loop: two more accumulators across it doubled the kernel's spills on sm90.
-
-    The one product takes its operands in GATED_PREC (tf32 for bf16 work,
-    ``kernels._gate_levels.gated_operand``); the levels keep DOT at PREC: tf32 operands
-    there took the kernel's spills on sm90 from 488 to 1124 bytes (offline ptxas, K = V = 128)."""
+    the loop: two more accumulators across it doubled the kernel's spills on sm90."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         Q = G - b_g if BONUS else G
         e_q = tl.exp(Q)
         e_k = tl.exp(-G)
-        d_a_s = gated_operand(tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0), DOT,
-                              GATED_PREC)
-        k_s = gated_operand(b_k * e_k, DOT, GATED_PREC)
-        q_s = gated_operand(b_q * e_q, DOT, GATED_PREC)
-        to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
-        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
+        d_a_s = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0).to(DOT)
+        k_s = (b_k * e_k).to(DOT)
+        q_s = (b_q * e_q).to(DOT)
+        to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
+        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
         dq_intra = e_q * to_q
         dk_intra = e_k * to_k
         q_dq_intra = q_s.to(tl.float32) * to_q
@@ -586,11 +583,11 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         for level in tl.static_range(LEVELS):
             right = right_half(level, BT)
             factor = tl.exp(tl.where(right, Q, R))
-            d_a_l = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
-            k_l = tl.where(right, 0.0, b_k * factor).to(DOT)
-            q_l = tl.where(right, b_q * factor, 0.0).to(DOT)
-            to_q = tl.dot(d_a_l, k_l, input_precision=PREC)
-            to_k = tl.dot(tl.trans(d_a_l), q_l, input_precision=PREC)
+            d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
+            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
+            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
+            to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
+            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
             dq_intra += tl.where(right, factor, 0.0) * to_q
             dk_intra += tl.where(right, 0.0, factor) * to_k
             Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
@@ -603,8 +600,8 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
 def _qkg_bwd(
     q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr,
-    BONUS: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
     chunk's share of du, one row of ``du_part [chunk rows, H * K]``. With THROUGH_SCRATCH
@@ -644,7 +641,7 @@ def _qkg_bwd(
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
     dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R = _intra_pairs_bwd(
-        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, GATED_PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
+        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
     dq_inter = dq_inter * tl.exp(Q) * scale
     b_dq = dq_inter + dq_intra
@@ -736,12 +733,13 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     state_bv = min(BV_full, 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16)
     return {
         # bf16: one [64, 128] key block per pass ran the forward in 0.83 ms against 0.95 at 64
-        # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers). 16 warps
-        # for bf16 on sm90: 0.882 against 0.920 ms forward at 8 (H100, three sweeps agreeing);
-        # the kernel is latency-bound at one block an SM (Nsight Compute: 12.5% occupancy),
-        # and register caps or gather-free level sums were slower (kernels/README.md).
-        # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
-        # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120).
+        # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers). 8 warps
+        # for bf16 on sm90 since its score product takes tf32 operands: chunk_gla's forward
+        # 0.556 ms against 0.652 at 16 (H200, config_sweep.py; with bf16 operands 16 had been
+        # faster, 0.882 against 0.920 on an H100). The kernel is latency-bound at one block
+        # an SM (Nsight Compute: 12.5% occupancy), and register caps or gather-free level
+        # sums were slower (kernels/README.md). Elsewhere unmeasured, and ptxas spills
+        # 1.1 KB a thread there at 16 (sm80, sm86, sm120).
         # siblings: the level sums' sibling totals through a scratch tile, not tl.gather
         # (kernels/_gate_levels.py). The gather, even in the levels branch alone, holds the
         # operands in its layout across the kernel: with the one-product branch beside it
@@ -749,7 +747,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # Checked at GPU sizes and under memcheck at CPU sizes, fp32 varlen included; in
         # chunk_kda's kernel the same pairing miscompiled on sm90, so that one gathers.
         "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128),
-                      num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1,
+                      num_warps=8, num_stages=1,
                       siblings="scratch"),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
         # (Triton 3.6, memcheck: the state update's product in _states_fwd); see also
@@ -905,8 +903,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.
         scratch = _utils.empty((lay.n_chunks * H * NK, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _qkg_bwd[(lay.n_chunks * H, NK)](
             q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, lay.cu_seqlens, lay.chunk_map,
-            scale, **lay.common(), V=V, GATED_PREC=lay.gated_prec, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"],
-            BONUS=u is not None,
+            scale, **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
             THROUGH_SCRATCH=through, SPREAD=lay.spread,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
