@@ -59,6 +59,24 @@ LEVELS = 6  # log2(BT): the levels of the in-chunk pair decomposition of a 64-ro
 SPREAD_BY_WORK = {torch.bfloat16: 40.0, torch.float32: 16.0}
 
 
+# The input precision of the products of gate-scaled operands (:func:`gated_operand`), by the
+# dtype of the kernel's other products: bf16 work takes one-pass tf32 there. A bf16 product
+# of two such operands carries both operands' roundings (up to half a bf16 ulp each) into the
+# scores the output and every gradient are built from: measured on chunk_rwkv6 (bf16, B=2 T=300
+# H=2 K=V=64, realistic gates; docs/tolerances.md), the forward's score product alone took `o` from 2.4e-3 to
+# 3.2e-3 relative RMS, the backward's two from 1.8e-3 to 2.6e-3 (`dr`) and 1.1e-3 to 2.6e-3
+# (`dw`). tf32 keeps 3 more bits, at half the bf16 rate. chunk_gla and chunk_rwkv6 take it in
+# the forward's score product only (kernels/gla/chunk.py, "Precision": the backward's cost more
+# time than their accuracy was worth).
+GATED_PREC_BY_DOT = {"bf16": "tf32"}
+
+
+def gated_prec(dot, prec: str) -> str:
+    """The ``GATED_PREC`` of a gate-level kernel whose other products take operands of
+    ``dot`` (a Triton dtype) at ``prec``."""
+    return GATED_PREC_BY_DOT.get(str(dot), prec)
+
+
 def one_product_spread(work: torch.dtype) -> float:
     """The ``SPREAD`` constexpr of a gate-level kernel for the work dtype ``work``
     (negative: never one product)."""
@@ -72,6 +90,22 @@ def one_product_gates(g, SPREAD: tl.constexpr):
     scale the two sides of one product. A gate of ``-inf`` (a hard reset) never fits."""
     G = tl.cumsum(g, axis=0)
     return G, tl.max(tl.abs(G)) <= SPREAD
+
+
+@triton.jit
+def gated_operand(x, DOT: tl.constexpr, GATED_PREC: tl.constexpr):
+    """An fp32 tile of gate-scaled values (``q ⊙ e^{G}``, ``k ⊙ e^{-G}``, a score gradient) as
+    the operand of a product with ``input_precision=GATED_PREC``: for ``"tf32"``, ``x``
+    rounded to the nearest tf32 (10 fraction bits, ties away from zero; Inf and NaN kept),
+    which the tensor cores read exactly (they drop the low 13 bits, a truncation); else
+    ``x`` in ``DOT``. Unlike the inputs, these operands are not bf16 values: rounding them
+    to bf16 put both operands' rounding errors into every intra-chunk score (:data:`GATED_PREC_BY_DOT`)."""
+    if GATED_PREC == "tf32":
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+        return tl.where((bits & 0x7F800000) == 0x7F800000, x, rounded)
+    else:
+        return x.to(DOT)
 
 
 @triton.jit

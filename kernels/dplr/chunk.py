@@ -96,7 +96,9 @@ db, dgk per key block. Everything the backward reads (the scores, L, M, W, the g
 operands, h, U) is kept from the forward: no state pass is recomputed.
 
 Intermediates are kept in q's dtype, fp16 excepted (fp32: gate-scaled operands under
-strong decay leave fp16's range).
+strong decay leave fp16's range), and ``dA_qk`` in fp32: where the one product serves, the
+gradient kernel multiplies it as two 16-bit parts (hi + lo, two more products), since its
+single rounding was the largest error term of dq and dk (the q-k pairs carry most of both).
 """
 
 from __future__ import annotations

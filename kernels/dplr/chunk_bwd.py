@@ -20,7 +20,8 @@ import triton.language as tl
 
 from .._arch import COMPILE_OPTIONS, launch_options
 from .._chunk import (
-    chunk_coords, chunk_span, load_state_pieces, mm, rows_tile, rows_tile_store, state_piece_load, store_state_pieces,
+    chunk_coords, chunk_span, load_state_pieces, mm, mm_acc, rows_tile, rows_tile_store, state_piece_load,
+    store_state_pieces,
 )
 from .._gate_levels import (
     level_pairs, next_level_sums_with_exclusive, one_product_gates, one_product_spread, right_half, sums_after,
@@ -240,7 +241,7 @@ def qkabg_grad_kernel(
     dq, dk, da, db, dg, scratch,
     cu_seqlens, chunk_map, T, scale,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
+    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr, SPLIT_DQK: tl.constexpr,
 ):
     NK: tl.constexpr = (K + BK - 1) // BK
     pid = tl.program_id(0).to(tl.int64)
@@ -252,13 +253,13 @@ def qkabg_grad_kernel(
     i_n, t0, eos, slot = chunk_coords(i_chunk, cu_seqlens, chunk_map, T, BT, IS_VARLEN)
     n_valid = tl.minimum(eos - t0, BT)
     row0 = t0 * H + i_h
-    DT = dA_qk.dtype.element_ty
+    DT = dA_qb.dtype.element_ty
     b_dqg, b_dag, b_dbg, b_dkg, b_hdh = _inter_chunk_grads(
         do, u, v, dY, h + (slot * H + i_h) * K * V, dh + (slot * H + i_h) * K * V, row0, n_valid, i_k,
         H, K, V, BT, BK, BV, DT)
 
     b_q, b_k, b_a, b_b, b_g = load_chunk_rows(q, k, a, b, gk, row0, n_valid, i_k * BK, scale, H, K, BT, BK)
-    b_dAqk = rows_tile(dA_qk + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
+    b_dAqk = rows_tile(dA_qk + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)  # fp32
     b_dAqb = rows_tile(dA_qb + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
     b_dAak = rows_tile(dA_ak + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
     b_dAab = rows_tile(dA_ab + row0 * BT, n_valid, H * BT, BT, 0, BT, BT)
@@ -278,13 +279,21 @@ def qkabg_grad_kernel(
         a_s = (b_a * eLx).to(DT)
         k_s = (b_k * e_col).to(DT)
         b_s = (b_b * e_col).to(DT)
-        d_qk = tl.where(strict, b_dAqk, 0.0).to(DT)
+        d_qk = tl.where(strict, b_dAqk, 0.0)
+        to_q = mm(d_qk.to(DT), k_s)
+        to_k = mm(tl.trans(d_qk.to(DT)), q_s)
+        if SPLIT_DQK:
+            # dA_qk = dO V^T as hi + lo 16-bit parts: its one rounding was dq's and dk's
+            # largest error term (the q-k pairs carry most of both); two more products
+            d_qk_lo = (d_qk - d_qk.to(DT).to(tl.float32)).to(DT)
+            to_q = mm_acc(d_qk_lo, k_s, to_q)
+            to_k = mm_acc(tl.trans(d_qk_lo), q_s, to_k)
         d_qb = tl.where(strict, b_dAqb, 0.0).to(DT)
         d_ak = tl.where(strict, b_dAak, 0.0).to(DT)
         d_ab = tl.where(strict, b_dAab, 0.0).to(DT)
-        to_q = mm(d_qk, k_s) + mm(d_qb, b_s)
+        to_q = mm_acc(d_qb, b_s, to_q)
+        to_k = mm_acc(tl.trans(d_ak), a_s, to_k)
         to_a = mm(d_ak, k_s) + mm(d_ab, b_s)
-        to_k = mm(tl.trans(d_qk), q_s) + mm(tl.trans(d_ak), a_s)
         to_b = mm(tl.trans(d_qb), q_s) + mm(tl.trans(d_ab), a_s)
         # dgk's intra-chunk terms from the operands as rounded for the products (see below);
         # the inter-chunk terms of dq, da joined here, where their factors are at hand (fewer
@@ -304,6 +313,7 @@ def qkabg_grad_kernel(
         L = b_g
         Lx = tl.zeros([BT, BK], dtype=tl.float32)
         R = tl.zeros([BT, BK], dtype=tl.float32)
+        dAqk_w = b_dAqk.to(DT)  # the levels take it in one part
         for level in range(LEVELS):
             right = right_half(level, BT)
             pairs = level_pairs(level, BT)
@@ -314,7 +324,7 @@ def qkabg_grad_kernel(
             a_s = tl.where(right, b_a * eLx, 0.0).to(DT)
             k_s = tl.where(right, 0.0, b_k * eR).to(DT)
             b_s = tl.where(right, 0.0, b_b * eR).to(DT)
-            d_qk = tl.where(pairs, b_dAqk, 0.0).to(DT)
+            d_qk = tl.where(pairs, dAqk_w, 0.0)
             d_qb = tl.where(pairs, b_dAqb, 0.0).to(DT)
             d_ak = tl.where(pairs, b_dAak, 0.0).to(DT)
             d_ab = tl.where(pairs, b_dAab, 0.0).to(DT)
@@ -380,7 +390,8 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
 
     dv = empty(v.shape, v.dtype, dev)
     dY = empty((B, T, H, V), wt, dev)
-    dA = [empty((B, T, H, BT), wt, dev) for _ in range(4)]
+    # dA_qk in fp32: the gradient kernel takes it as two 16-bit parts (SPLIT_DQK)
+    dA = [empty((B, T, H, BT), torch.float32 if i == 0 else wt, dev) for i in range(4)]
     dA_unit = empty((B, T, H, 4), torch.float32, dev)
     dq, dk, da, db = (empty(t.shape, t.dtype, dev) for t in (q, k, a, b))
     dg = empty(gk.shape, gk.dtype, dev)
@@ -396,6 +407,7 @@ def chunk_bwd(q, k, v, a, b, gk, scale, initial_state, do, dht, cu_seqlens, chun
         qkabg_grad_kernel[(n_programs,)](
             q, k, a, b, gk, do, saved["u"], v, dY, h, dh, *dA, dA_unit, dq, dk, da, db, dg, scratch,
             cu_seqlens, chunk_map, T, scale, H=H, K=K, V=V, BT=BT, BK=cfg.grad_BK, BV=cfg.grad_BV,
-            THROUGH_SCRATCH=through, SPREAD=one_product_spread(wt), **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
+            THROUGH_SCRATCH=through, SPREAD=one_product_spread(wt), SPLIT_DQK=wt != torch.float32,
+            **flags, **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     return dq, dk, dv, da, db, dg, dh0

@@ -142,13 +142,31 @@ before the next query reads it); working that through as above::
 ``(t + 1, t)``, whose factor ``e^{X_{t+1} - G_t}`` is 1 at any decay: they are left out of
 the levels and added to dq, dk after dg, as the diagonal is for gla.
 
+Precision (bf16)
+----------------
+The inputs and ``q_in``, ``k_out``, ``h``, ``dh`` meet the tensor cores in bf16. The
+gate-scaled operands of the forward's intra-chunk score product, ``q ⊙ e^{L}`` and
+``k ⊙ e^{R}``, are not inputs but fp32 values, and rounding them to bf16 put an error of
+an ulp into every score ``A_ij``: they go in as tf32
+(``kernels._gate_levels.gated_operand``) in the one-product form (realistic gates). The
+levels (strong decay) keep bf16: there the decayed pairs weigh little (no error measured
+moved), and tf32 operands across six levels took the kernels' spills up to twice (offline
+ptxas, sm90). ``A`` itself is stored in bf16 for the output's ``A v``; for the backward's
+``A^T do`` (``dv``) its rounding error is stored beside it, ``A_lo = bf16(A - bf16(A))``,
+and ``dv`` takes both (one product more in the state pass). Those two changes brought
+chunk_rwkv6's ``o`` and ``dv`` errors to the peer library's (``docs/tolerances.md``). The
+backward's pair products (``dA`` with the gated ``k``, ``q``) keep bf16 operands: tf32
+there brought ``dr``, ``dk``, ``dw`` to the peer's too, but took ``_qkg_bwd`` from 1.34 to
+1.54 ms (H200, B=4 T=4096 H=16 K=V=128), a loss of speed the accuracy did not buy.
+
 Kernels and launches
 --------------------
 Forward, 2 launches (3 with the ``output`` config: the output moves to ``_output_fwd``,
 grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk state):
 
 1. ``_intra_fwd``: grid ``(chunks * H,)``; per chunk and head, ``A`` (loop over ``K`` in
-   blocks of ``BK``) in ``q``'s dtype, and ``q_in``, ``k_out`` (``q``'s dtype) and
+   blocks of ``BK``) in ``q``'s dtype (for training in bf16 also ``A_lo``), and ``q_in``,
+   ``k_out`` (``q``'s dtype) and
    ``e^{G_L}`` (fp32, per chunk) for the state pass. The level sums' sibling totals go
    through a float32 ``[BT, BK]`` scratch tile per program (``chunks * H * BT * BK``
    floats, freed after the launch) rather than ``tl.gather`` (config ``siblings``).
@@ -158,8 +176,8 @@ grid ``(chunks * H * cdiv(V, BV),)``, after a state pass that stores every chunk
    multi-buffered. Writes the output, the final state and (for training) the
    chunk-entry states ``h`` in ``q``'s dtype.
 
-Backward, 2 launches (``A``, ``q_in``, ``k_out``, ``e^{G_L}`` and ``h`` saved from the
-forward):
+Backward, 2 launches (``A``, ``A_lo``, ``q_in``, ``k_out``, ``e^{G_L}`` and ``h`` saved from
+the forward):
 
 3. ``_states_dv_bwd``: grid ``(N * H * cdiv(V, BV),)``; walks the chunks backwards keeping
    ``dh`` in registers: ``dv``, the per-chunk ``dh`` (``q``'s dtype), and the initial
@@ -183,8 +201,8 @@ from .. import _arch, _partials, _utils
 from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
 from .._gate_levels import (
-    LEVELS, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates, one_product_spread, right_half,
-    sums_after,
+    LEVELS, gated_operand, gated_prec, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates,
+    one_product_spread, right_half, sums_after,
 )
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
@@ -284,10 +302,10 @@ def _shift_rows(x, by: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _intra_fwd(
-    q, k, g, u, A, q_in, k_out, decay, scratch, cu_seqlens, chunk_map, scale, T, NT,
+    q, k, g, u, A, A_lo, q_in, k_out, decay, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr, BK: tl.constexpr,
-    DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
+    DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr, STORE_A_LO: tl.constexpr,
 ):
     """Per chunk: ``A``, and the gate-scaled operands of the state pass. With BONUS
     (rwkv6, ``u [H, K]``) the query side's gate is exclusive and ``A_ii = scale q_i . (u k_i)``.
@@ -321,9 +339,9 @@ def _intra_fwd(
             # every |G| <= SPREAD: all pairs i > j in one product of q e^{G} (BONUS: e^{G - g})
             # and k e^{-G} (kernels/_gate_levels.py)
             Q = G - b_g if BONUS else G
-            q_s = (b_q * tl.exp(Q)).to(DOT)
-            k_s = (b_k * tl.exp(-G)).to(DOT)
-            a += tl.where(rows > cols, tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+            q_s = gated_operand(b_q * tl.exp(Q), DOT, GATED_PREC)
+            k_s = gated_operand(b_k * tl.exp(-G), DOT, GATED_PREC)
+            a += tl.where(rows > cols, tl.dot(q_s, tl.trans(k_s), input_precision=GATED_PREC), 0.0)
             R = sums_after(b_g, G)
         else:
             # Pairs i > j, level by level: (q_i e^{G_i - G_e}) . (k_j e^{G_e - G_j}), with
@@ -334,9 +352,9 @@ def _intra_fwd(
             for level in tl.static_range(LEVELS):
                 right = right_half(level, BT)
                 factor = tl.exp(tl.where(right, Q, R))
-                q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-                k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-                a += tl.where(level_pairs(level, BT), tl.dot(q_s, tl.trans(k_s), input_precision=PREC), 0.0)
+                q_l = tl.where(right, b_q * factor, 0.0).to(DOT)
+                k_l = tl.where(right, 0.0, b_k * factor).to(DOT)
+                a += tl.where(level_pairs(level, BT), tl.dot(q_l, tl.trans(k_l), input_precision=PREC), 0.0)
                 Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
         # One block per chunk: Q = G (the cumulative gate; with BONUS G - g), R = G_L - G.
         kvec = k0 + tl.arange(0, BK)
@@ -353,7 +371,12 @@ def _intra_fwd(
 
     a = tl.where(rows == cols, qk_self[:, None], a) * scale
     p_a, m_a = _tile(A, nrows, H * BT, 0, BT, BT, BT)
-    tl.store(p_a, a.to(A.dtype.element_ty), mask=m_a)
+    a_hi = a.to(A.dtype.element_ty)
+    tl.store(p_a, a_hi, mask=m_a)
+    if STORE_A_LO:
+        # what A's rounding left out, for dv's A^T do (the output's A v takes A alone)
+        p_lo, m_lo = _tile(A_lo + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+        tl.store(p_lo, (a - a_hi.to(tl.float32)).to(A_lo.dtype.element_ty), mask=m_lo)
 
 
 @triton.jit
@@ -445,12 +468,13 @@ def _output_fwd(
 
 @triton.jit
 def _states_dv_bwd(
-    q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, cu_seqlens, chunk_offsets, T, NT,
+    q_in, k_out, decay, A, A_lo, do, dht, dh0, dh_chunks, dv, cu_seqlens, chunk_offsets, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT: tl.constexpr, PREC: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    USE_A_LO: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """Walk one sequence's chunks backwards: dv = k_out dh + A^T do, dh <- decay dh + q_in^T do."""
+    """Walk one sequence's chunks backwards: dv = k_out dh + A^T do, dh <- decay dh + q_in^T do.
+    With USE_A_LO, ``A^T do`` is ``A^T do + A_lo^T do``: A to about 16 bits, not bf16's 8."""
     pid = tl.program_id(0)
     NV: tl.constexpr = triton.cdiv(V, BV)
     i_v = pid % NV
@@ -479,11 +503,16 @@ def _states_dv_bwd(
         b_do = tl.load(p_do, mask=m_do, other=0.0).to(DOT)
         p_a, m_a = _tile(A + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
         b_a = tl.load(p_a, mask=m_a, other=0.0).to(DOT)
+        if USE_A_LO:
+            p_a_lo, _ = _tile(A_lo + row0 * BT, nrows, H * BT, 0, BT, BT, BT)
+            b_a_lo = tl.load(p_a_lo, mask=m_a, other=0.0).to(DOT)
         b_decay = tl.load(decay + i_state * K + kvec, mask=kvec < K, other=0.0)
         p_dh, m_dh = _state_tile(dh_chunks, i_state, K, V, 0, v0, BK, BV)
         tl.store(p_dh, dh.to(dh_chunks.dtype.element_ty), mask=m_dh)
         b_dv = tl.dot(b_k, dh.to(DOT), input_precision=PREC)
         b_dv = tl.dot(tl.trans(b_a), b_do, b_dv, input_precision=PREC)
+        if USE_A_LO:
+            b_dv = tl.dot(tl.trans(b_a_lo), b_do, b_dv, input_precision=PREC)
         p_dv, m_dv = _tile(dv + row0 * V, nrows, H * V, v0, V, BT, BV)
         tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_dv)
         dh = tl.dot(tl.trans(b_q), b_do, dh * b_decay[:, None], input_precision=PREC)
@@ -672,11 +701,13 @@ def _dot_types(work: torch.dtype):
 def _state_stages(BK: int, BV: int, elt: int, smem: int) -> int:
     """Most load stages (<= 3) of a state kernel that fit the shared memory ``smem``.
 
-    Per stage the kernel buffers one chunk of q_in, k_out, v (or do) and A; on top sits a
-    copy of the state for the tensor cores (measured by offline compile: 81920 bytes at
-    one stage, +49152 per stage, for K = 128, BV = 64, bf16).
+    Per stage the kernel buffers one chunk of q_in, k_out, v (or do) and A (bf16: in the
+    backward also A's low part); on top sits a copy of the state for the tensor cores
+    (measured by offline compile: 81920 bytes at one stage, +49152 per stage, for K = 128,
+    BV = 64, bf16, the forward).
     """
-    per_stage = (2 * BT * BK + BT * BV + BT * BT) * elt
+    a_tiles = 2 if elt == 2 else 1
+    per_stage = (2 * BT * BK + BT * BV + a_tiles * BT * BT) * elt
     fixed = 2 * BK * BV * elt
     for stages in (3, 2, 1):
         if stages * per_stage + fixed <= smem:
@@ -702,12 +733,13 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
     state_bv = min(BV_full, 64 if row_bytes <= 256 else 32 if row_bytes <= 512 else 16)
     return {
         # bf16: one [64, 128] key block per pass ran the forward in 0.83 ms against 0.95 at 64
-        # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers). 16 warps
-        # for bf16 on sm90: 0.882 against 0.920 ms forward at 8 (H100, three sweeps agreeing);
-        # the kernel is latency-bound at one block an SM (Nsight Compute: 12.5% occupancy),
-        # and register caps or gather-free level sums were slower (kernels/README.md).
-        # Clean under memcheck there (chunk_gla and chunk_rwkv6, bf16, every check). Elsewhere
-        # unmeasured, and ptxas spills 1.1 KB a thread there at 16 (sm80, sm86, sm120).
+        # (config_sweep.py, H200); fp32 operands stay at 64 (twice the registers). 8 warps
+        # for bf16 on sm90 since its score product takes tf32 operands: chunk_gla's forward
+        # 0.556 ms against 0.652 at 16 (H200, config_sweep.py; with bf16 operands 16 had been
+        # faster, 0.882 against 0.920 on an H100). The kernel is latency-bound at one block
+        # an SM (Nsight Compute: 12.5% occupancy), and register caps or gather-free level
+        # sums were slower (kernels/README.md). Elsewhere unmeasured, and ptxas spills
+        # 1.1 KB a thread there at 16 (sm80, sm86, sm120).
         # siblings: the level sums' sibling totals through a scratch tile, not tl.gather
         # (kernels/_gate_levels.py). The gather, even in the levels branch alone, holds the
         # operands in its layout across the kernel: with the one-product branch beside it
@@ -715,7 +747,7 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # Checked at GPU sizes and under memcheck at CPU sizes, fp32 varlen included; in
         # chunk_kda's kernel the same pairing miscompiled on sm90, so that one gathers.
         "intra": dict(BK=min(BK, 64 if dtype == torch.float32 else 128),
-                      num_warps=16 if dtype != torch.float32 and _arch.target_arch() == 90 else 8, num_stages=1,
+                      num_warps=8, num_stages=1,
                       siblings="scratch"),
         # 8 warps around a [256, 16] fp32 state read shared memory out of bounds on sm90
         # (Triton 3.6, memcheck: the state update's product in _states_fwd); see also
@@ -783,6 +815,9 @@ class _Layout:
         self.work = torch.float32 if q.dtype == torch.float16 else q.dtype
         self.cfg = _configs(K, self.V, self.work)
         self.dot, self.prec = _dot_types(self.work)
+        self.gated_prec = gated_prec(self.dot, self.prec)  # products of gate-scaled operands
+        # bf16 A: its rounding error kept beside it for the backward's A^T do
+        self.a_lo = self.work != torch.float32
         self.spread = one_product_spread(self.work)  # the gate-level kernels' one-product limit
         # fp32 state passes at a 16-wide value block (K > 128): on sm90 their three-pass
         # tf32 products read shared memory out of bounds at 8 warps, and at 4 gave outputs
@@ -800,6 +835,7 @@ class _Layout:
 def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout, save_states: bool, u=None):
     H, K, V = lay.H, lay.K, lay.V
     A = _utils.empty((*q.shape[:3], BT), lay.work, q.device)
+    A_lo = _utils.empty_like(A) if save_states and lay.a_lo else None
     q_in = _utils.empty_like(q, lay.work)
     k_out = _utils.empty_like(k, lay.work)
     decay = _utils.empty((lay.chunk_rows, H, K), torch.float32, q.device)
@@ -808,8 +844,9 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
         through = cfg.get("siblings") == "scratch"
         scratch = _utils.empty((lay.n_chunks * H, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _intra_fwd[(lay.n_chunks * H,)](
-            q, k, g, u, A, q_in, k_out, decay, scratch, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
-            LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through, SPREAD=lay.spread,
+            q, k, g, u, A, A_lo, q_in, k_out, decay, scratch, lay.cu_seqlens, lay.chunk_map, scale, **lay.common(),
+            GATED_PREC=lay.gated_prec, LEVELS=LEVELS, BK=cfg["BK"], BONUS=u is not None, THROUGH_SCRATCH=through,
+            SPREAD=lay.spread, STORE_A_LO=A_lo is not None,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
     o = _utils.empty_like(v)
@@ -835,21 +872,22 @@ def _forward(q, k, v, g, scale, initial_state, output_final_state, lay: _Layout,
             q_in, v, A, h_chunks, o, lay.cu_seqlens, lay.chunk_map, **lay.common(), V=V, BK=cfg["BK"], BV=cfg["BV"],
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
         )
-    return o, final_state, (A, q_in, k_out, decay, h_chunks)
+    return o, final_state, (A, A_lo, q_in, k_out, decay, h_chunks)
 
 
 def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.dtype | None, u=None):
     """``dh0_dtype``: the initial state's dtype, its gradient's; None when it is not wanted."""
     need_dh0 = dh0_dtype is not None
-    A, q_in, k_out, decay, h_chunks = saved
+    A, A_lo, q_in, k_out, decay, h_chunks = saved
     H, K, V = lay.H, lay.K, lay.V
     dh_chunks = _utils.empty((lay.chunk_rows, H, K, V), lay.work, q.device)
     dv = _utils.empty_like(v)
     dh0 = _utils.empty((lay.N, H, K, V), dh0_dtype, q.device) if need_dh0 else None
     cfg = lay.cfg["state"]
     _states_dv_bwd[(lay.N * H * _utils.cdiv(V, cfg["BV"]),)](
-        q_in, k_out, decay, A, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
+        q_in, k_out, decay, A, A_lo, do, dht, dh0, dh_chunks, dv, lay.cu_seqlens, lay.chunk_offsets,
         **{**lay.common(), "PREC": lay.state_prec}, V=V, BK=lay.BK, BV=cfg["BV"], USE_DHT=dht is not None, STORE_DH0=need_dh0,
+        USE_A_LO=A_lo is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **COMPILE_OPTIONS,
     )
     dq = _utils.empty_like(q)

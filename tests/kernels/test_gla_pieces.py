@@ -55,10 +55,11 @@ def _inputs(B, T, H, K, V, normalizer=8.0, seed=0, dtype=torch.float32, mixed=Fa
 
 
 def _forward_pieces(q, k, v, g, scale, initial_state=None):
-    """The kernel's saved intermediates: (A, q_in, k_out, decay, h_chunks)."""
+    """The kernel's saved intermediates but A's low part: (A, q_in, k_out, decay, h_chunks)."""
     lay = gla_chunk._Layout(q, v, None, None)
     _, _, saved = gla_chunk._forward(q, k, v, g, scale, initial_state, False, lay, save_states=True)
-    return saved
+    A, _, *rest = saved  # A's low part: bf16 work only
+    return (A, *rest)
 
 
 def _chunk_cumsum(g):

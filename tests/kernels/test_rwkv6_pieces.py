@@ -49,7 +49,7 @@ def test_intra_chunk_scores_and_query_operand_match_float64(normalizer):
     r, k, v, w, u = _inputs(B, T, H, K, V, normalizer)
     scale = K ** -0.5
     lay = gla_chunk._Layout(r, v, None, None)
-    _, _, (A, q_in, *_) = gla_chunk._forward(r, k, v, w, scale, None, False, lay, save_states=True, u=u)
+    _, _, (A, _, q_in, *_) = gla_chunk._forward(r, k, v, w, scale, None, False, lay, save_states=True, u=u)
     for c0 in range(0, T, BT):
         n = min(BT, T - c0)
         rc, kc, wc = (x[0, c0:c0 + n].double() for x in (r, k, w))  # [n, H, K]
