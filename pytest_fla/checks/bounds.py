@@ -74,6 +74,11 @@ def _pattern(nbytes: int, tag: int, device) -> torch.Tensor:
     return pair.repeat(nbytes // 2)
 
 
+def placeable(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives in memory a band can surround: a strided tensor on the CPU or a GPU."""
+    return t.device.type in ("cpu", "cuda") and t.layout == torch.strided
+
+
 def place(t: torch.Tensor, what: str, copy: bool) -> tuple[torch.Tensor, Placed]:
     """``t``'s size, strides and storage offset in a buffer with a band on each side; its
     values copied in when ``copy``. Returns the placed tensor (a leaf) and its record."""
@@ -116,7 +121,7 @@ def banded_allocations(records: list):
     def banded(allocate, zero):
         def allocator(*args, **kwargs):
             t = allocate(*args, **kwargs)
-            if "out" in kwargs or t.device.type not in ("cpu", "cuda") or t.layout != torch.strided:
+            if "out" in kwargs or not placeable(t):
                 return t
             frames = _allocating_frames()
             if frames and "/triton/" in frames[0].filename:

@@ -54,43 +54,64 @@ def differentiable(spec: OpSpec, sample: Sample) -> list[str]:
     return names
 
 
-def run_with_grads(fn, sample: Sample, names, grad_outputs=None, *, upcast=False, seed=0):
+def run_with_grads(fn, sample: Sample, names, grad_outputs=None, *, upcast=False, seed=0, place=None):
     """Call ``fn(**kwargs)`` with fresh leaves for ``names``; return (outputs, grads).
 
     ``upcast`` makes the leaves float64 (for the reference; computed where
     ``devices.reference_device`` says, its results moved back to the sample's device).
     The upstream gradients are drawn from ``seed`` (or given), so kernel and reference see
-    the same ones.
+    the same ones. ``place(t, key)``, when given, makes each leaf's storage from its detached
+    input (``key`` the input's name) in place of a copy, and each upstream gradient, in its
+    output's dtype, is passed through it too (``key`` the output's position): a check that
+    wants every tensor of the call in memory of its own (:mod:`pytest_fla.checks.bounds`).
     """
     if not upcast:
-        return _run_with_grads(fn, sample, names, grad_outputs, upcast, seed)
-    return reference_call(lambda kwargs, upstream: _run_with_grads(fn, Sample(kwargs), names, upstream, upcast, seed),
-                          sample.kwargs, grad_outputs)
+        return _run_with_grads(fn, sample, names, grad_outputs, upcast, seed, place)
+    return reference_call(
+        lambda kwargs, upstream: _run_with_grads(fn, Sample(kwargs), names, upstream, upcast, seed, place),
+        sample.kwargs, grad_outputs)
 
 
-def _run_with_grads(fn, sample: Sample, names, grad_outputs, upcast: bool, seed: int):
+def _run_with_grads(fn, sample: Sample, names, grad_outputs, upcast: bool, seed: int, place=None):
     kwargs = dict(sample.kwargs)
     leaves = {}
     for name in names:
         t = kwargs[name].detach()
-        leaves[name] = (t.double() if upcast else t.clone()).requires_grad_(True)
+        if place is not None:
+            leaves[name] = place(t, name).requires_grad_(True)
+        else:
+            leaves[name] = (t.double() if upcast else t.clone()).requires_grad_(True)
     kwargs.update(leaves)
     from ..ops.spec import as_tuple
 
     outputs = as_tuple(fn(**kwargs))
     if grad_outputs is None:
         grad_outputs = cotangents(outputs, seed)
-    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if o is not None and g is not None]
+    pairs = [(i, o, g) for i, (o, g) in enumerate(zip(outputs, grad_outputs)) if o is not None and g is not None]
     if names:
         grads = torch.autograd.grad(
-            [o for o, _ in pairs],
+            [o for _, o, _ in pairs],
             [leaves[n] for n in names],
-            [g.to(o.dtype) for o, g in pairs],
+            [g.to(o.dtype) if place is None else place(g.to(o.dtype), i) for i, o, g in pairs],
             allow_unused=True,
         )
     else:
         grads = ()
     return [o.detach() if o is not None else None for o in outputs], dict(zip(names, grads)), grad_outputs
+
+
+def assert_finite(label: str, named_tensors, why: str) -> None:
+    """Every element of each ``(name, tensor)`` is finite (a ``None`` tensor is skipped);
+    else fail with ``label``, how many elements are not, the tensor's name, ``why`` and
+    the first such element."""
+    for name, t in named_tensors:
+        if t is None:
+            continue
+        bad = ~torch.isfinite(t)
+        assert not bad.any(), (
+            f"{label}: {int(bad.sum())} of {t.numel()} elements of {name} {why}, "
+            f"first at {tuple(torch.nonzero(bad)[0].tolist())}"
+        )
 
 
 def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
@@ -230,50 +251,40 @@ def check_every_output_written(spec: OpSpec, case: Case, dtype: str, device, see
         sample = spec.sample(case, dtype, device, seed)
         names = differentiable(spec, sample)
         out, grads, _ = run_with_grads(spec.op_fn, sample, names, seed=seed)
-    for name, o in list(zip(spec.outputs, out)) + [(f"d{n}", grads[n]) for n in names]:
-        if o is None:
-            continue
-        bad = ~torch.isfinite(o)
-        assert not bad.any(), (
-            f"{spec.name}: {int(bad.sum())} of {o.numel()} elements of {name} were never written "
-            f"(still NaN from the poisoned allocation), first at {tuple(torch.nonzero(bad)[0].tolist())}"
-        )
+    assert_finite(spec.name, list(zip(spec.outputs, out)) + [(f"d{n}", grads[n]) for n in names],
+                  "were never written (still NaN from the poisoned allocation)")
 
 
 def check_in_bounds(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
     """Forward and backward with every input, upstream gradient and allocation of the call
     between guard bands (``pytest_fla.checks.bounds``): no band may change, and no NaN from
     a band may reach an output or a gradient."""
-    from ..ops.spec import as_tuple
     from . import bounds
 
     sample = spec.sample(case, dtype, device, seed)
     names = differentiable(spec, sample)
-    records, kwargs = [], dict(sample.kwargs)
+    records = []
+
+    def place(t: torch.Tensor, key) -> torch.Tensor:
+        """``t`` copied between bands; ``key``: an input's name or an output's position."""
+        if not bounds.placeable(t):
+            return t.clone()
+        what = f"input `{key}`" if isinstance(key, str) else f"the upstream gradient of {spec.outputs[key]}"
+        placed, record = bounds.place(t, what, copy=True)
+        records.append(record)
+        return placed
+
+    kwargs = dict(sample.kwargs)
     for name, value in sample.kwargs.items():
-        if isinstance(value, torch.Tensor) and value.device.type in ("cpu", "cuda") and value.layout == torch.strided:
-            kwargs[name], record = bounds.place(value.detach(), f"input `{name}`", copy=True)
-            records.append(record)
-    leaves = [kwargs[n].requires_grad_(True) for n in names]
+        if isinstance(value, torch.Tensor) and bounds.placeable(value) and name not in names:
+            kwargs[name] = place(value.detach(), name)  # the leaves are placed by run_with_grads
     with bounds.banded_allocations(records):
-        outputs = as_tuple(spec.op_fn(**kwargs))
-        pairs = []
-        for i, (o, g) in enumerate(zip(outputs, cotangents(outputs, seed))):
-            if o is not None and g is not None and o.requires_grad:
-                placed, record = bounds.place(g.to(o.dtype), f"the upstream gradient of {spec.outputs[i]}", copy=True)
-                records.append(record)
-                pairs.append((o, placed))
-        grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
-                                    allow_unused=True) if names and pairs else ()
+        out, grads, _ = run_with_grads(spec.op_fn, Sample(kwargs), names, seed=seed, place=place)
+    label = f"{spec.name} ({case.name}, {dtype})"
     breaches = [b for record in records for b in record.breaches()]
-    assert not breaches, f"{spec.name} ({case.name}, {dtype}): " + "; ".join(breaches)
-    for name, t in list(zip(spec.outputs, outputs)) + [(f"d{n}", g) for n, g in zip(names, grads)]:
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            bad = ~torch.isfinite(t.detach())
-            assert not bad.any(), (
-                f"{spec.name} ({case.name}, {dtype}): {int(bad.sum())} of {t.numel()} elements of {name} are "
-                f"not finite with NaN past each input's end: a read out of bounds reached them "
-                f"(first at {tuple(torch.nonzero(bad)[0].tolist())})")
+    assert not breaches, f"{label}: " + "; ".join(breaches)
+    assert_finite(label, list(zip(spec.outputs, out)) + [(f"d{n}", grads[n]) for n in names],
+                  "are not finite with NaN past each input's end: a read out of bounds reached them")
 
 
 def check_deterministic(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
