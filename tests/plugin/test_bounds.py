@@ -5,6 +5,7 @@ and a read past an input's end, seen by a plain run on the CPU interpreter; the 
 from __future__ import annotations
 
 import faulty_kernels as fk
+import pytest
 import torch
 
 from plugin_testing import cpu_only, run
@@ -72,6 +73,41 @@ def test_allocators_are_restored_and_zeros_stay_zero():
     assert len(records) == 3
     assert (torch.empty, torch.empty_like, torch.zeros, torch.zeros_like, torch.Tensor.new_empty,
             torch.Tensor.new_zeros) == originals
+
+
+def _differentiable_op(forward, backward):
+    class Op(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return forward(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            return backward(dy)
+
+    return Op.apply
+
+
+@pytest.mark.parametrize("label, forward, backward, breached", [
+    ("clean", fk.copy, fk.copy, None),
+    ("forward reads past x", fk.off_by_one_read, fk.copy, "elements of y are not finite"),
+    ("backward reads past dy", fk.copy, fk.off_by_one_read, "elements of dx are not finite"),
+])
+@cpu_only
+def test_the_check_bands_differentiable_inputs_and_upstream_gradients(label, forward, backward, breached):
+    """The leaves that get gradients and the upstream gradients go through ``run_with_grads``'s
+    placement: a read one past either's end reaches the result it feeds."""
+    from pytest_fla.api import Arg, Case, op_spec
+    from pytest_fla.checks import generic
+
+    case = Case("small", {"B": 2, "T": 5, "D": 8})
+    spec = op_spec(label.replace(" ", "_"), op=_differentiable_op(forward, backward), reference=lambda x: x.double(),
+                   args={"x": Arg(("B", "T", "D"))}, cases=(case,), grads=("x",), outputs=("y",), varlen=False)
+    if breached is None:
+        generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
+        return
+    with pytest.raises(AssertionError, match=breached):
+        generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
 
 
 TOY_OPS = '''
