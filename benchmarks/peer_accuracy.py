@@ -1,14 +1,19 @@
 """Our bf16 errors beside the peer library's (fla-core), both against the float64 reference.
 
     python3 benchmarks/peer_accuracy.py [--warm 8] [--max-ratio 1.2] [--ops chunk_rwkv7,chunk_kda] [--device cuda] [--dtype bf16]
-        [--B 2 --T 300 --H 2 --K 64 --V 64] [--seed 0] [--budget-s 240] [--json PATH]
+        [--B 2 --T 300 --H 2 --K 64 --V 64] [--seed 0] [--budget-s 240] [--json PATH] [--peer-from JSON]
 
-Per op (every op of ``pytest_fla.specs.peer.ADAPTERS``, the issue's four gated chunked ones
+Per op (every op of ``pytest_fla.specs.peer.ADAPTERS``, the four gated chunked ones
 first), both sides get the same inputs, drawn by the op's spec (``realistic`` gates, an
 initial state where the op takes one, the spec's first case's options) in ``--dtype``,
 and the same upstream gradients (``pytest_fla.checks.run_with_grads``: drawn once, handed
 to the peer and the reference). Each output and each input gradient is compared with the
 float64 reference recurrence (``reference/``) run on the same rounded inputs.
+
+``--peer-from`` takes the peer's errors from an earlier run's ``--json`` instead of running it
+(the peer is fixed: its figures need measuring once, and its warm-up takes minutes). On the
+CPU, whose emulated bf16 arithmetic gives the GPU's errors, that compares ours with the
+peer's at the GPU size with no GPU (``tests/test_peer_accuracy.py``).
 
 Where the peer's backward fails (fla-core 0.6.0 has none for some fused recurrences, and
 refuses its gated chunked ones' on Hopper with Triton < 3.7.1), its outputs alone are
@@ -67,6 +72,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-ratio", type=float, default=None,
                         help="exit 1 when any output or gradient's error is above this many times the peer's "
                         "(the aim: 1.2); errors below --floor count as the floor on both sides")
+    parser.add_argument("--peer-from", metavar="JSON",
+                        help="the peer's errors from an earlier run's --json (same dtype, dims and seed) instead of "
+                        "running it; each row also gets that run's own error as recorded_ours")
     parser.add_argument("--floor", type=float, default=1e-4,
                         help="relative errors below this are noise at bf16 for the --max-ratio gate (default 1e-4)")
     return parser.parse_args(argv)
@@ -167,13 +175,15 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = pick_device(args.device)
+    emulated = None  # on the CPU: whether the interpreter does the GPU's bf16 arithmetic
     defaults = GPU_DIMS if device == "cuda" else CPU_DIMS
     dims = {d: getattr(args, d) if getattr(args, d) is not None else defaults[d] for d in GPU_DIMS}
     if device == "cpu":
         from pytest_fla.targets import interpreter, interpreter_bf16
 
         interpreter.skip_repeated_patching()
-        if not interpreter_bf16.install():
+        emulated = interpreter_bf16.install()
+        if not emulated:
             print("note: this Triton's interpreter could not be patched: its bf16 products are its own")
     from pytest_fla.specs.peer import ADAPTERS, PEER
     from pytest_fla.specs import all_specs
@@ -183,8 +193,10 @@ def main(argv=None) -> int:
     unknown = [op for op in chosen if op not in specs]
     if unknown:
         raise SystemExit(f"--ops: no op with a peer named {', '.join(unknown)} (known: {', '.join(sorted(specs))})")
-    peer = device == "cuda" and importlib.util.find_spec("fla") is not None
-    why_no_peer = None if peer else ("the peer needs a GPU" if device == "cpu" else f"{PEER} is not importable")
+    recorded = recorded_rows(args.peer_from, args.dtype, dims, args.seed) if args.peer_from else None
+    peer = recorded is None and device == "cuda" and importlib.util.find_spec("fla") is not None
+    why_no_peer = (f"recorded in {args.peer_from}" if recorded is not None else None if peer else
+                   "the peer needs a GPU" if device == "cpu" else f"{PEER} is not importable")
     if args.warm_only:
         for op in chosen:
             measure(specs[op], dims, args.dtype, device, args.seed, peer)
@@ -215,14 +227,16 @@ def main(argv=None) -> int:
                 print(f"{op}: a CUDA error ends the run (rerun the rest: --ops {','.join(left)})", flush=True)
                 break
             continue
+        if recorded is not None:
+            got = [with_recorded(r, recorded.get((op, r["tensor"]))) for r in got]
         rows += got
         worst = max((r for r in got if r["kind"] == "backward"), key=lambda r: r["ours"], default=None)
         note = f", worst gradient {worst['tensor']} {worst['ours']:.2e}" if worst else ""
         print(f"{op}: {time.monotonic() - t0:.1f} s{note}", flush=True)
         if args.json:
-            write(args.json, args, device, dims, rows, failed, left, why_no_peer)
+            write(args.json, args, device, dims, rows, failed, left, why_no_peer, emulated)
     if args.json:
-        write(args.json, args, device, dims, rows, failed, left, why_no_peer)
+        write(args.json, args, device, dims, rows, failed, left, why_no_peer, emulated)
     for op, why in failed.items():
         print(f"{op}: failed: {why}")
     if left:
@@ -235,14 +249,34 @@ def main(argv=None) -> int:
     return 1 if failed or over else 0
 
 
+def recorded_rows(path: str, dtype: str, dims: dict, seed: int) -> dict:
+    """{(op, tensor): row} of an earlier run's --json, which must be at ``dtype``, ``dims``, ``seed``."""
+    with open(path) as f:
+        run = json.load(f)
+    theirs = (run.get("dtype"), run.get("dims"), run.get("seed"))
+    if theirs != (dtype, dims, seed):
+        raise SystemExit(f"--peer-from {path}: recorded at dtype, dims, seed {theirs}, this run is at {(dtype, dims, seed)}")
+    return {(r["op"], r["tensor"]): r for r in run["rows"]}
+
+
+def with_recorded(row: dict, recorded: dict | None) -> dict:
+    """``row`` with the peer's error (and the recorded run's own) from ``recorded``."""
+    if recorded is None:
+        return row
+    peer = recorded["peer"]
+    return {**row, "peer": peer, "peer_max": recorded["peer_max"], "peer_error": recorded["peer_error"],
+            "ratio": row["ours"] / peer if peer else None, "recorded_ours": recorded["ours"]}
+
+
 def over_ratio(rows: list[dict], max_ratio: float, floor: float) -> list[dict]:
     """The rows whose error is above ``max_ratio`` times the peer's, each side at least ``floor``."""
     return [r for r in rows if r["peer"] is not None and max(r["ours"], floor) > max_ratio * max(r["peer"], floor)]
 
 
-def write(path, args, device, dims, rows, failed, left, why_no_peer):
+def write(path, args, device, dims, rows, failed, left, why_no_peer, emulated):
     with open(path, "w") as f:
         json.dump(dict(dtype=args.dtype, device=device, dims=dims, seed=args.seed, peer_missing=why_no_peer,
+                       gpu_bf16_emulated=emulated,
                        rows=rows, failed=failed, not_measured=left), f, indent=1)
 
 

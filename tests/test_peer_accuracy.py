@@ -1,0 +1,63 @@
+"""Our bf16 errors against the peer library's, at the GPU size, with no GPU.
+
+The chunked ops' errors measured on an H200 beside fla-core's are recorded in
+``benchmarks/results/accuracy/peer_accuracy_h200.json`` (``docs/tolerances.md``). The CPU
+interpreter with the GPU's bf16 arithmetic (``pytest_fla/targets/interpreter_bf16.py``) gives
+those errors to within 1% (12 chunked ops, every tensor, B=2 T=300 H=2 K=V=64), so a kernel
+change that loses accuracy shows here, in the CPU suite: each tensor must stay within the aim
+(1.2 times the peer's error) or no worse than the recorded run of our own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORD = os.path.join(ROOT, "benchmarks", "results", "accuracy", "peer_accuracy_h200.json")
+CHUNKED = ("chunk_dplr_delta_rule", "chunk_rwkv7", "chunk_kda", "chunk_rwkv6", "chunk_gla", "chunk_delta_rule",
+           "chunk_gated_delta_rule", "chunk_simple_gla", "chunk_retention", "chunk_linear_attn", "chunk_hgrn",
+           "parallel_attn")
+AIM = 1.2  # times the peer's error (docs/tolerances.md)
+EMULATION_SPREAD = 1.02  # the emulation's figures against the H200's: within 1% when recorded
+FLOOR = 1e-4  # errors below this are bf16 noise on both sides (peer_accuracy.py --floor)
+
+
+def measure(tmp_path) -> dict:
+    out = tmp_path / "cpu.json"
+    with open(RECORD) as f:
+        dims = json.load(f)["dims"]
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "peer_accuracy.py"), "--device", "cpu",
+               "--ops", ",".join(CHUNKED), "--peer-from", RECORD, "--json", str(out), "--budget-s", "1e9",
+               *(f"--{d}={n}" for d, n in dims.items())]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert out.exists(), f"peer_accuracy.py wrote nothing (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    with open(out) as f:
+        return json.load(f)
+
+
+def test_no_chunked_op_loses_accuracy_against_the_peer(tmp_path):
+    """One test, not one an op: the ops share one process (its imports and the emulation's
+    set-up), and a test an op would run it on every xdist worker."""
+    run = measure(tmp_path)
+    if not run["gpu_bf16_emulated"]:
+        pytest.skip("this Triton's interpreter could not be given the GPU's bf16 arithmetic: its errors are not the GPU's")
+    assert not run["failed"], run["failed"]
+    assert {r["op"] for r in run["rows"]} == set(CHUNKED)
+    worse = []
+    for r in run["rows"]:
+        assert r.get("recorded_ours") is not None, f"{r['op']} {r['tensor']}: no recorded H200 figure"
+        ours = max(r["ours"], FLOOR)
+        allowed = [EMULATION_SPREAD * max(r["recorded_ours"], FLOOR)]
+        if r["peer"] is not None:
+            allowed.append(AIM * max(r["peer"], FLOOR))
+        if ours > max(allowed):
+            peer = "n/a" if r["peer"] is None else f"{r['peer']:.3e}"
+            worse.append(f"{r['op']} {r['tensor']}: {r['ours']:.3e} against the peer's {peer} and our recorded "
+                         f"{r['recorded_ours']:.3e}")
+    assert not worse, (f"errors above both {AIM}x the peer's and the recorded H200 run's (CPU, the GPU's bf16 "
+                       "arithmetic emulated):\n" + "\n".join(worse))
