@@ -30,7 +30,6 @@ final state (gradient) is its initial state (``_sequences_without_chunks``).
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -184,31 +183,44 @@ class _Layout:
         return torch.zeros(self.N * self.channel_blocks, dtype=torch.int32, device=device)
 
 
-_layouts: dict = {}
+# Built once per target arch and size, since this op's calls are host-bound and nothing
+# here depends on the tensors' values or storage: under (arch, D) the chunk launches'
+# constants (``_launch_constants``), under (arch, D, B, T) the whole ``_Layout`` of
+# sequences of one length. Packed sequences take the constants from here and build the
+# rest of their layout each call.
+_cache: dict = {}
+
+
+def _cached(key, value):
+    """Store ``value`` under ``key`` (emptying a full cache first) and return it."""
+    if len(_cache) > 256:
+        _cache.clear()
+    _cache[key] = value
+    return value
 
 
 def _layout(x: torch.Tensor, cu_seqlens, offsets_host) -> _Layout:
     """The call's ``_Layout``: for sequences of one length, one per target arch and shape,
-    built once (nothing in it depends on the tensors' values or storage); packed sequences
-    and symbolic sizes (while torch.compile traces) build theirs each call."""
+    built once; packed sequences and symbolic sizes (while torch.compile traces) build
+    theirs each call."""
     B, T, D = x.shape
     if cu_seqlens is not None or not (type(B) is int and type(T) is int and type(D) is int):
         return _Layout(x, cu_seqlens, offsets_host)
-    key = (_arch.target_arch(), B, T, D)
-    lay = _layouts.get(key)
-    if lay is None:
-        if len(_layouts) > 256:
-            _layouts.clear()
-        lay = _layouts[key] = _Layout(x, None, None)
-    return lay
+    key = (_arch.target_arch(), D, B, T)
+    lay = _cache.get(key)
+    return lay if lay is not None else _cached(key, _Layout(x, None, None))
 
 
 def _launch_constants(D):
     """(the chunk launches' constant keyword arguments, channel blocks, maps a step of the
-    carry scan) for ``D`` channels on the target arch: built once per arch and size, since
-    this op's calls are host-bound (a symbolic size, while torch.compile traces, each time)."""
+    carry scan) for ``D`` channels on the target arch (a symbolic size, while torch.compile
+    traces, worked out each time)."""
     arch = _arch.target_arch()
-    return _cached_constants(arch, D) if isinstance(D, int) else _constants(arch, D)
+    if not isinstance(D, int):
+        return _constants(arch, D)
+    key = (arch, D)
+    constants = _cache.get(key)
+    return constants if constants is not None else _cached(key, _constants(arch, D))
 
 
 def _constants(arch: int, D):
@@ -216,9 +228,6 @@ def _constants(arch: int, D):
     c = cfg["chunk"]
     launch = dict(D=D, BT=BT, BD=c["BD"], num_warps=c["num_warps"])
     return launch, _utils.cdiv(D, c["BD"]), cfg["carry"]["NC"]
-
-
-_cached_constants = functools.lru_cache(maxsize=None)(_constants)
 
 
 def _scan_passes(xs, g, init, final_dtype, lay: _Layout, reverse: bool, counters):

@@ -8,9 +8,11 @@ sequences (``B``, or the number of packed sequences under ``cu_seqlens``).
 Distributions (the contract's realistic inputs, ``docs/ops.md``): gates are ``logsigmoid(randn) / normalizer``;
 ``realistic`` uses normalizer 8 (a few percent decay per step), ``strong_decay`` 0.01
 (per-step log gates down to about -500: naive chunk forms overflow ``exp``),
-``weak_decay`` 64. Every sample also carries degenerate tokens (:func:`degenerate_tokens`:
-all-zero padding rows, a zero key, a zero gate). Everything is drawn on the CPU from one seeded generator, then moved,
-so a sample is the same on every device.
+``weak_decay`` 64; ``near_eps`` draws realistic gates and scales ``normal`` data rows
+(:data:`ROW_SCALES`) so that some have a squared norm near a normalisation's ``eps``.
+Every sample also carries degenerate tokens (:func:`degenerate_tokens`: all-zero padding
+rows, a zero key, a zero gate). Everything is drawn on the CPU from one seeded generator,
+then moved, so a sample is the same on every device.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import torch.nn.functional as F
 
 from .spec import Case, Sample, torch_dtype
 
-GATE_NORMALIZER = {"realistic": 8.0, "strong_decay": 0.01, "weak_decay": 64.0}
+GATE_NORMALIZER = {"realistic": 8.0, "strong_decay": 0.01, "weak_decay": 64.0, "near_eps": 8.0}
+# Per distribution, the factors of successive rows (over the last dim, cycling) of a
+# ``normal`` input. ``near_eps``: rows of RMS 1e-3, 3e-4, 1e-4 beside unscaled ones put
+# mean(x^2) at 1 to 0.01 times a norm's eps of 1e-6 (rms_norm) and sum(x^2) at 48 to
+# 0.5 times it at D = 48 (l2norm), where eps moves the result by more than any budget:
+# with every row's squared norm about D, doubling eps changes nothing fp32 can see.
+# The first factor is 1: an input of one row (a bias ``[D]``) stays as drawn.
+ROW_SCALES = {"near_eps": (1.0, 1e-3, 3e-4, 1e-4)}
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,8 @@ class Arg:
     ``layout`` names each dim (``("B", "T", "H", "K")``); names are free except ``B``,
     ``T`` and ``N``, which the checks read (see :mod:`pytest_fla.ops.spec`).
 
-    kinds: ``normal`` (randn), ``unit`` (randn, L2-normalised over the last dim),
+    kinds: ``normal`` (randn; its rows scaled under the distributions of :data:`ROW_SCALES`),
+    ``unit`` (randn, L2-normalised over the last dim),
     ``log_gate`` (``logsigmoid(randn) / normalizer``), ``head_gate`` (a constant log gate per
     head, ``log(1 - 2^(-5-h))`` scaled by the distribution), ``beta`` (``sigmoid(randn)``),
     ``positive`` (``1 + 0.1 randn``, e.g. norm weights), ``state`` (float32 randn, or in the
@@ -70,7 +80,7 @@ def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
     """Values of one argument (``DRAW_DTYPE``), on the CPU."""
     x = torch.randn(shape, generator=gen, dtype=DRAW_DTYPE)
     if kind == "normal":
-        return x
+        return _scale_rows(x, ROW_SCALES[dist]) if dist in ROW_SCALES else x
     if kind == "state":
         return x
     if kind == "unit":
@@ -87,6 +97,15 @@ def draw(kind: str, shape, gen: torch.Generator, dist: str) -> torch.Tensor:
     if kind == "rwkv_decay":
         return -math.exp(-0.5) * torch.sigmoid(x) * (8.0 / GATE_NORMALIZER[dist])
     raise ValueError(f"unknown argument kind {kind!r}")
+
+
+def _scale_rows(x: torch.Tensor, scales: tuple[float, ...]) -> torch.Tensor:
+    """``x`` with row ``i`` (over the last dim, leading dims flattened) times ``scales[i % len(scales)]``."""
+    if x.dim() == 0 or x.numel() == 0:
+        return x
+    rows = x.numel() // x.shape[-1]
+    factors = torch.tensor(scales, dtype=x.dtype).repeat(-(-rows // len(scales)))[:rows]
+    return x * factors.view(*x.shape[:-1], 1)
 
 
 # Degenerate but common inputs, carried by every sample at fixed tokens (docs/ops.md,

@@ -105,7 +105,10 @@ def _norm_spec(name: str, args: dict, cases, grads, gated=False, affine=False) -
 L2NORM = _norm_spec(
     "l2norm", {"x": NORM_ARGS["x"]},
     (Case("plain", NORM_SMALL, gpu_dims=NORM_GPU),
-     Case("odd_dim", {"B": 3, "T": 5, "H": 1, "D": 100}, gpu_dims={**NORM_GPU, "D": 1000})),
+     Case("odd_dim", {"B": 3, "T": 5, "H": 1, "D": 100}, gpu_dims={**NORM_GPU, "D": 1000}),
+     # rows whose squared norm is near eps (and the zero padding rows every sample has):
+     # a kernel that adds 2 eps, or none, fails forward and backward
+     Case("near_eps", NORM_SMALL, dist="near_eps", gpu_dims=NORM_GPU)),
     grads=("x",),
 )
 RMS_NORM = _norm_spec(
@@ -119,7 +122,8 @@ RMS_NORM = _norm_spec(
      # row, the [P, 2 D] partials sum has rows past P in its block, and each program's
      # dbias lands at its own row (the one case with more than one program and a bias)
      Case("shared_programs", NORM_SHARED_PROGRAMS, options={"weight": True, "bias": True},
-          checks=("forward", "backward"))),
+          checks=("forward", "backward")),
+     Case("near_eps", NORM_SMALL, dist="near_eps", options={"weight": True, "bias": True}, gpu_dims=NORM_GPU)),
     grads=("x", "weight", "bias"), affine=True,
 )
 RMS_NORM_GATED = _norm_spec(
@@ -131,6 +135,10 @@ RMS_NORM_GATED = _norm_spec(
           gpu_dims={"B": 2, "T": 64, "H": 1, "D": 8192}),
      # three row blocks of 128 (D = 48): three partial-sum programs, summed in a block of four
      Case("three_blocks", {"B": 2, "T": 50, "H": 3, "D": 48}, options={"g": True, "weight": True},
+          gpu_dims=NORM_GPU),
+     # g's rows are scaled with x's: sigmoid keeps the small rows' output at half of xh
+     # (swish would take it to about 1e-3 of it, below what the check sees)
+     Case("near_eps", NORM_SMALL, dist="near_eps", options={"g": True, "weight": True, "activation": "sigmoid"},
           gpu_dims=NORM_GPU)),
     grads=("x", "g", "weight"), gated=True,
 )
