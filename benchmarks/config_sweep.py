@@ -129,6 +129,13 @@ VARIANTS = {
         "intra siblings by scratch, 8 warps": _gla(intra={"siblings": "scratch", "num_warps": 8}),
         "intra siblings by scratch, BK 64, 8 warps": _gla(intra={"siblings": "scratch", "BK": 64, "num_warps": 8}),
         "qkg siblings by scratch": _gla(qkg={"siblings": "scratch"}),
+        # the pair products at the peer's accuracy (tf32 operands): what they cost, and
+        # which blocks pay it back
+        "qkg tf32 pairs": _gla(qkg={"pairs": "tf32"}),
+        "qkg tf32 pairs, siblings by scratch": _gla(qkg={"pairs": "tf32", "siblings": "scratch"}),
+        "qkg tf32 pairs, BV 32": _gla(qkg={"pairs": "tf32", "BV": 32}),
+        "qkg tf32 pairs, BK 32": _gla(qkg={"pairs": "tf32", "BK": 32}),
+        "qkg tf32 pairs, 4 warps": _gla(qkg={"pairs": "tf32", "num_warps": 4}),
     },
     "fused_recurrent_gla": {
         "default": [],
@@ -334,6 +341,9 @@ LEVELS_ALWAYS = ("kernels._gate_levels", "SPREAD_BY_WORK", lambda base: {})
 VARIANTS.setdefault("chunk_rwkv6", {"default": []})
 for _op in ("chunk_gla", "chunk_rwkv6", "chunk_kda", "chunk_dplr_delta_rule"):
     VARIANTS[_op]["levels always (before)"] = LEVELS_ALWAYS
+# chunk_rwkv6 runs chunk_gla's kernels: the pair-precision variants time it too (its bonus
+# row makes its backward the heavier)
+VARIANTS["chunk_rwkv6"].update({label: v for label, v in VARIANTS["chunk_gla"].items() if label.startswith("qkg tf32")})
 
 
 def _more_programs(partials_module, factor: int):

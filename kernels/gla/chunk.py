@@ -155,9 +155,12 @@ ptxas, sm90). ``A`` itself is stored in bf16 for the output's ``A v``; for the b
 ``A^T do`` (``dv``) its rounding error is stored beside it, ``A_lo = bf16(A - bf16(A))``,
 and ``dv`` takes both (one product more in the state pass). Those two changes brought
 chunk_rwkv6's ``o`` and ``dv`` errors to the peer library's (``docs/tolerances.md``). The
-backward's pair products (``dA`` with the gated ``k``, ``q``) keep bf16 operands: tf32
-there brought ``dr``, ``dk``, ``dw`` to the peer's too, but took ``_qkg_bwd`` from 1.34 to
-1.54 ms (H200, B=4 T=4096 H=16 K=V=128), a loss of speed the accuracy did not buy.
+backward's pair products (``dA`` with the gated ``k``, ``q``) keep bf16 operands by
+default: all three operands' roundings weigh about the same in ``dq``, ``dk`` and the gate
+gradient (each kept in fp32 alone took chunk_rwkv6's ``dw`` from 2.64e-3 to 2.25e-3, all three to
+1.06e-3), so nothing short of tf32 operands (the ``qkg`` config's ``pairs="tf32"``) brings them
+to the peer's, and tf32 took ``_qkg_bwd`` from 1.34 to 1.54 ms (H200, B=4 T=4096 H=16 K=V=128),
+a loss of speed the accuracy did not buy.
 
 Kernels and launches
 --------------------
@@ -547,7 +550,7 @@ def _value_contractions(v, do, h_chunks, dh_chunks, i_state, nrows, k0,
 
 @triton.jit
 def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEVELS: tl.constexpr,
-                     DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
+                     DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr, BONUS: tl.constexpr, scratch,
                      THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr):
     """dq, dk of the pairs i > j within a chunk, in one product where the gates allow it
     and level by level otherwise, as in the forward; also their terms of dg, ``q ⊙ dq`` and
@@ -559,17 +562,22 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
     (module docstring, "Gate gradient"). Formed from the unrounded ``q``, ``k``, every pair
     left the difference of two operand roundings in dg, summed over the chunk (bf16 ``dw``
     of rwkv6 twice the error). The levels (strong decay) form them from ``q``, ``k`` after
-    the loop: two more accumulators across it doubled the kernel's spills on sm90."""
+    the loop: two more accumulators across it doubled the kernel's spills on sm90.
+
+    The one product takes its operands in GATED_PREC (the ``qkg`` config's ``pairs``:
+    ``kernels._gate_levels.gated_operand``); the levels keep DOT at PREC: tf32 operands
+    there took the kernel's spills on sm90 from 488 to 1124 bytes (offline ptxas, K = V = 128)."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         Q = G - b_g if BONUS else G
         e_q = tl.exp(Q)
         e_k = tl.exp(-G)
-        d_a_s = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0).to(DOT)
-        k_s = (b_k * e_k).to(DOT)
-        q_s = (b_q * e_q).to(DOT)
-        to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
-        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+        d_a_s = gated_operand(tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0), DOT,
+                              GATED_PREC)
+        k_s = gated_operand(b_k * e_k, DOT, GATED_PREC)
+        q_s = gated_operand(b_q * e_q, DOT, GATED_PREC)
+        to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
+        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
         dq_intra = e_q * to_q
         dk_intra = e_k * to_k
         q_dq_intra = q_s.to(tl.float32) * to_q
@@ -583,11 +591,11 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         for level in tl.static_range(LEVELS):
             right = right_half(level, BT)
             factor = tl.exp(tl.where(right, Q, R))
-            d_a_s = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
-            k_s = tl.where(right, 0.0, b_k * factor).to(DOT)
-            q_s = tl.where(right, b_q * factor, 0.0).to(DOT)
-            to_q = tl.dot(d_a_s, k_s, input_precision=PREC)
-            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=PREC)
+            d_a_l = tl.where(level_pairs(level, BT), d_a, 0.0).to(DOT)
+            k_l = tl.where(right, 0.0, b_k * factor).to(DOT)
+            q_l = tl.where(right, b_q * factor, 0.0).to(DOT)
+            to_q = tl.dot(d_a_l, k_l, input_precision=PREC)
+            to_k = tl.dot(tl.trans(d_a_l), q_l, input_precision=PREC)
             dq_intra += tl.where(right, factor, 0.0) * to_q
             dk_intra += tl.where(right, 0.0, factor) * to_k
             Q, R = _query_level_sums(Q, R, b_g, right, level, BT, BK, BONUS, scratch, THROUGH_SCRATCH)
@@ -600,8 +608,8 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
 def _qkg_bwd(
     q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, cu_seqlens, chunk_map, scale, T, NT,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, LEVELS: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, BONUS: tl.constexpr,
-    IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr, PREC: tl.constexpr, GATED_PREC: tl.constexpr,
+    BONUS: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
 ):
     """Per chunk and block of key channels: dq, dk, dg; with BONUS (rwkv6) also this
     chunk's share of du, one row of ``du_part [chunk rows, H * K]``. With THROUGH_SCRATCH
@@ -641,7 +649,7 @@ def _qkg_bwd(
     # The i = j terms (dA_ii k_i in dq_i, dA_ii q_i in dk_i) are added last: they cancel
     # exactly in q dq - k dk, and summing them first would leave their rounding error in dg.
     dq_intra, dk_intra, q_dq_intra, k_dk_intra, Q, R = _intra_pairs_bwd(
-        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
+        d_a, b_q, b_k, b_g, BT, BK, LEVELS, DOT, PREC, GATED_PREC, BONUS, scratch, THROUGH_SCRATCH, SPREAD)
     # Q = G (with BONUS G - g), R = G_L - G (see the forward).
     dq_inter = dq_inter * tl.exp(Q) * scale
     b_dq = dq_inter + dq_intra
@@ -757,8 +765,11 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # fp32 at a 16-wide value block (V <= 16) read shared memory out of bounds at 8 warps
         # on sm90 (Triton 3.6, memcheck: _value_contractions' loads);
         # 4 warps ran clean there
+        # pairs: the input precision of the in-chunk pair products' gate-scaled operands under
+        # bf16 work ("tf32": at the peer's errors, docs/tolerances.md; "bf16": 15% less time
+        # in this kernel on the H200, 1.34 against 1.54 ms, chunk_rwkv6 at the bench size)
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=4 if elt == 4 and BV_full <= 16 else 8,
-                    num_stages=1),
+                    num_stages=1, pairs="bf16"),
         # None: the state pass computes the output on its way (one pass over the chunk
         # operands). A dict: the state pass keeps to the recurrence and stores every chunk
         # state, and _output_fwd computes the output with these block sizes, all chunks in
@@ -903,7 +914,8 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.
         scratch = _utils.empty((lay.n_chunks * H * NK, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _qkg_bwd[(lay.n_chunks * H, NK)](
             q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, lay.cu_seqlens, lay.chunk_map,
-            scale, **lay.common(), V=V, LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
+            scale, **lay.common(), V=V, GATED_PREC=lay.gated_prec if cfg.get("pairs") == "tf32" else lay.prec,
+            LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
             THROUGH_SCRATCH=through, SPREAD=lay.spread,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),
         )
