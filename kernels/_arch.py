@@ -63,18 +63,18 @@ def launch_options(num_warps: int, num_stages: int = 1, maxnreg: int | None = No
 _ENVIRON_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
 
 
-# the names' encoded keys (a plain dict: torch.compile traces through the wrappers' calls,
-# and would warn at a functools cache)
-_ENVIRON_KEYS: dict = {}
+# the encoded keys of the names read on every call, filled once at import: torch.compile
+# traces through the wrappers' calls, and a cache filled on a first call under it changes
+# what the trace's guards read ("Guard failed on the same frame it was created")
+_ENVIRON_KEYS = {name: os.fsencode(name) for name in
+                 ("TRITON_INTERPRET", "FLA_INTERPRETER_BF16", "FLA_TARGET_ARCH", "TRITON_OVERRIDE_ARCH")}
 
 
 def environ(name: str) -> str | None:
     """``os.environ.get(name)``, cheaper (``_ENVIRON_BYTES``)."""
     if _ENVIRON_BYTES is None:
         return os.environ.get(name)
-    key = _ENVIRON_KEYS.get(name)
-    if key is None:
-        key = _ENVIRON_KEYS[name] = os.fsencode(name)
+    key = _ENVIRON_KEYS.get(name) or os.fsencode(name)
     value = _ENVIRON_BYTES.get(key)
     return None if value is None else os.fsdecode(value)
 

@@ -112,7 +112,7 @@ def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
                                  "(not registered as a custom op: kernels/README.md, torch.compile)")
         pytest.skip(f"{spec.name}: not this repository's op; opcheck covers the ops of kernels._library")
     checked = []
-    with _zeroed_allocations():
+    with _zeroed_allocations(), no_persistent_compile_caches():
         for op, args, keep in calls:
             _opcheck_call(op, args, keep, seed, checked)
     return checked
@@ -172,6 +172,21 @@ def _opcheck_call(op, args, keep, seed: int, checked: list) -> None:
 
 
 # ----------------------------------------------------------------------------- compiled == eager
+
+
+@contextlib.contextmanager
+def no_persistent_compile_caches():
+    """Inductor's FX-graph cache and AOTAutograd's cache off while a check compiles. They
+    persist on disk between processes, and their keys cover a custom op's schema, not its
+    implementation: a kernel change that altered how many tensors an op returns (``Tensor[]``,
+    ``kernels/_library.py``), such as one more intermediate saved for the backward, met a
+    graph compiled before it and failed as "wrong number of dimensions" on a machine that had
+    run the checks earlier, a false failure of the change."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        yield
 
 
 @contextlib.contextmanager
@@ -240,7 +255,7 @@ def check_compiled_matches_eager(spec: OpSpec, device, seed: int, backend: str =
         samples = [(f"lengths={lengths}", spec.sample(case, "fp32", device, seed, lengths=lengths))
                    for lengths in packings]
     compiled = None
-    with counting_graphs() as graphs:
+    with no_persistent_compile_caches(), counting_graphs() as graphs:
         for label, sample in samples:
             _, static = _split(sample)
             if compiled is None:
@@ -266,6 +281,11 @@ def check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int = 3) -> None:
     """``mode="reduce-overhead"``: two calls' outputs alive together are both right, in
     every round (warm-up, recording, replay), with their gradients; an eager call after
     them matches the eager call before them."""
+    with no_persistent_compile_caches():
+        _check_cuda_graphs(spec, device, seed, rounds)
+
+
+def _check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int) -> None:
     torch._dynamo.reset()
     case = _case(spec, device)
     first = spec.sample(case, "fp32", device, seed)
