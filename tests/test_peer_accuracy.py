@@ -23,44 +23,30 @@ CHUNKED = ("chunk_dplr_delta_rule", "chunk_rwkv7", "chunk_kda", "chunk_rwkv6", "
            "chunk_gated_delta_rule", "chunk_simple_gla", "chunk_retention", "chunk_linear_attn", "chunk_hgrn",
            "parallel_attn")
 AIM = 1.2  # times the peer's error (docs/tolerances.md)
-EMULATION_SPREAD = 1.02  # the emulation's figures against the H200's: within 1% when recorded
-FLOOR = 1e-4  # errors below this are bf16 noise on both sides (peer_accuracy.py --floor)
-
-
-def measure(tmp_path) -> dict:
-    out = tmp_path / "cpu.json"
-    with open(RECORD) as f:
-        dims = json.load(f)["dims"]
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "peer_accuracy.py"), "--device", "cpu",
-               "--ops", ",".join(CHUNKED), "--peer-from", RECORD, "--json", str(out), "--budget-s", "1e9",
-               *(f"--{d}={n}" for d, n in dims.items())]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
-    assert out.exists(), f"peer_accuracy.py wrote nothing (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    with open(out) as f:
-        return json.load(f)
 
 
 def test_no_chunked_op_loses_accuracy_against_the_peer(tmp_path):
-    """One test, not one an op: the ops share one process (its imports and the emulation's
-    set-up), and a test an op would run it on every xdist worker."""
-    run = measure(tmp_path)
+    """Every tensor within 1.2 times the peer's error, or no more than 2% above our recorded H200
+    figure (``--no-worse-than``: the known gaps, docs/tolerances.md). One test, not one an op:
+    the ops share one process (its imports and the emulation's set-up), and a test an op
+    would run it on every xdist worker."""
+    with open(RECORD) as f:
+        dims = json.load(f)["dims"]
+    out = tmp_path / "cpu.json"
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "peer_accuracy.py"), "--device", "cpu",
+               "--ops", ",".join(CHUNKED), "--peer-from", RECORD, "--no-worse-than", RECORD, "--max-ratio", str(AIM),
+               "--json", str(out), "--budget-s", "1e9", *(f"--{d}={n}" for d, n in dims.items())]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    assert out.exists(), f"peer_accuracy.py wrote nothing (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    with open(out) as f:
+        run = json.load(f)
     if not run["gpu_bf16_emulated"]:
         pytest.skip("this Triton's interpreter could not be given the GPU's bf16 arithmetic: its errors are not the GPU's")
-    assert not run["failed"], run["failed"]
-    assert {r["op"] for r in run["rows"]} == set(CHUNKED)
-    worse = []
-    for r in run["rows"]:
-        assert r.get("recorded_ours") is not None, f"{r['op']} {r['tensor']}: no recorded H200 figure"
-        ours = max(r["ours"], FLOOR)
-        allowed = [EMULATION_SPREAD * max(r["recorded_ours"], FLOOR)]
-        if r["peer"] is not None:
-            allowed.append(AIM * max(r["peer"], FLOOR))
-        if ours > max(allowed):
-            peer = "n/a" if r["peer"] is None else f"{r['peer']:.3e}"
-            worse.append(f"{r['op']} {r['tensor']}: {r['ours']:.3e} against the peer's {peer} and our recorded "
-                         f"{r['recorded_ours']:.3e}")
-    assert not worse, (f"errors above both {AIM}x the peer's and the recorded H200 run's (CPU, the GPU's bf16 "
-                       "arithmetic emulated):\n" + "\n".join(worse))
+    assert {r["op"] for r in run["rows"]} == set(CHUNKED) and not run["failed"], run["failed"]
+    assert all(r.get("recorded_ours") is not None for r in run["rows"]), "a tensor without a recorded H200 figure"
+    gate = [line for line in done.stdout.splitlines() if line.startswith(("over ", "above "))]
+    assert done.returncode == 0, ("errors above both 1.2x the peer's and the recorded H200 run's (CPU, the GPU's "
+                                  "bf16 arithmetic emulated):\n" + "\n".join(gate))
 
 
 TF32_PAIRS = """
