@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     regressions = []
     for r in rows:
         before = known.get((r["op"], r["tensor"]))
-        over = bool(args.max_ratio) and r in over_ratio([r], args.max_ratio, args.floor)
+        over = bool(args.max_ratio) and is_over(r, args.max_ratio, args.floor)
         worse = before is not None and max(r["ours"], args.floor) > RECORDED_SPREAD * max(before["ours"], args.floor)
         if over:
             note = "" if before is None else f" ({'above' if worse else 'as'} recorded: {before['ours']:.2e})"
@@ -286,9 +286,14 @@ def with_recorded(row: dict, recorded: dict | None) -> dict:
             "ratio": row["ours"] / peer if peer else None, "recorded_ours": recorded["ours"]}
 
 
+def is_over(row: dict, max_ratio: float, floor: float) -> bool:
+    """Whether the row's error is above ``max_ratio`` times the peer's, each side at least ``floor``."""
+    return row["peer"] is not None and max(row["ours"], floor) > max_ratio * max(row["peer"], floor)
+
+
 def over_ratio(rows: list[dict], max_ratio: float, floor: float) -> list[dict]:
-    """The rows whose error is above ``max_ratio`` times the peer's, each side at least ``floor``."""
-    return [r for r in rows if r["peer"] is not None and max(r["ours"], floor) > max_ratio * max(r["peer"], floor)]
+    """The rows over ``max_ratio`` (:func:`is_over`)."""
+    return [r for r in rows if is_over(r, max_ratio, floor)]
 
 
 def write(path, args, device, dims, rows, failed, left, why_no_peer, emulated):

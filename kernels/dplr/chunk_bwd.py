@@ -280,12 +280,13 @@ def qkabg_grad_kernel(
         k_s = (b_k * e_col).to(DT)
         b_s = (b_b * e_col).to(DT)
         d_qk = tl.where(strict, b_dAqk, 0.0)
-        to_q = mm(d_qk.to(DT), k_s)
-        to_k = mm(tl.trans(d_qk.to(DT)), q_s)
+        d_qk_hi = d_qk.to(DT)
+        to_q = mm(d_qk_hi, k_s)
+        to_k = mm(tl.trans(d_qk_hi), q_s)
         if SPLIT_DQK:
             # dA_qk = dO V^T as hi + lo 16-bit parts: its one rounding was dq's and dk's
             # largest error term (the q-k pairs carry most of both); two more products
-            d_qk_lo = (d_qk - d_qk.to(DT).to(tl.float32)).to(DT)
+            d_qk_lo = (d_qk - d_qk_hi.to(tl.float32)).to(DT)
             to_q = mm_acc(d_qk_lo, k_s, to_q)
             to_k = mm_acc(tl.trans(d_qk_lo), q_s, to_k)
         d_qb = tl.where(strict, b_dAqb, 0.0).to(DT)
