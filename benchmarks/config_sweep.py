@@ -177,6 +177,25 @@ VARIANTS = {
         "state BV 32": _gdr(state_BV=32),
         "output BK 128": _gdr(output_BK=128),
     },
+    # K = 256, V = 512 (GatedDeltaNet's head dims): the [256, BV] state of the sequential
+    # pass, 8 warps and one stage at BV 64, is 192 programs at B = 4, HV = 6 on 132
+    # multiprocessors
+    "chunk_gated_delta_rule_v512": {
+        "default": [],
+        "state BV 32": _gdr(state_BV=32),
+        "state BV 32, 4 warps": _gdr(state_BV=32, state_warps=4),
+        "state BV 32, 4 warps, 2 stages": _gdr(state_BV=32, state_warps=4, state_stages=2),
+        "state BV 32, 2 stages": _gdr(state_BV=32, state_stages=2),
+        "state BV 64, 2 stages": _gdr(state_stages=2),
+        "state BV 64, 3 stages": _gdr(state_stages=3),
+        "state BV 32, 4 warps, 3 stages": _gdr(state_BV=32, state_warps=4, state_stages=3),
+        "state BV 64, 4 warps, 2 stages": _gdr(state_warps=4, state_stages=2),
+        "output BV 64": _gdr(output_BV=64),
+        "output BV 256": _gdr(output_BV=256, output_warps=8),
+        "output BK 128": _gdr(output_BK=128),
+        "prepare BV 128": _gdr(prepare_BV=128),
+        "prepare 8 warps": _gdr(prepare_warps=8),
+    },
 }
 VARIANTS["chunk_kda"] = {
     "default": [],

@@ -125,9 +125,13 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         BKS=min(64, BK_full),
         prepare_BK=BK, prepare_BV=BV, prepare_warps=4, prepare_stages=2,
         # three stages of the state pass's loads where 228 KB allow them (sm80 overflows):
-        # 0.45 ms against 0.50 at two for the gated forward (config_sweep.py, H200, K = V = 128)
-        state_BV=min(64, BV_full), state_warps=8 if big_state else 4,
-        state_stages=1 if big_state else 3 if _arch.shared_memory_limit(arch) >= 200_000 else pipelined,
+        # 0.45 ms against 0.50 at two for the gated forward (config_sweep.py, H200, K = V = 128).
+        # At K = 256 (V = 512: chunk_gated_delta_rule_v512) two stages fit the 228 KB parts
+        # (three need 255 KB): the forward 0.778 ms against 1.400 at one stage and 8 warps (of
+        # which the pass took 1.00), 4 warps beating 8 at either stage count (H200)
+        state_BV=min(64, BV_full), state_warps=4,
+        state_stages=(2 if _arch.shared_memory_limit(arch) >= 200_000 else 1) if big_state
+        else 3 if _arch.shared_memory_limit(arch) >= 200_000 else pipelined,
         output_BK=BK, output_BV=min(128, BV_full), output_warps=4, output_stages=1 if (small_smem and wide) else 2,
         state_grad_BV=min(32, BV_full), state_grad_warps=4, state_grad_stages=1 if big_state else grad_pipelined,
         # fp32 on the 100 KB parts: 32-wide blocks (Triton 3.8 needs 114688 bytes at 64,

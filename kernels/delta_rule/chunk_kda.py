@@ -134,8 +134,14 @@ def kda_configs(K: int, V: int, work: torch.dtype) -> Configs:
     (``kernels/_gate_levels.py``) the forward was 1.50 against 1.60 ms while every program
     took the levels, but beside the one-product branch Triton 3.6 compiled the intra kernel
     wrong on sm90 at K = 32 in fp32 without L stored (finite, wrong outputs, no sanitizer
-    report; not with the gather, 4 or 16 warps, or the levels alone; H100, 2026-11-26)."""
-    return dataclasses.replace(choose_configs(K, V, work), prepare_warps=4, prepare_levels_warps=8, grad_BK=32)
+    report; not with the gather, 4 or 16 warps, or the levels alone; H100, 2026-11-26).
+    Its state pass keeps 8 warps and one stage at K = 256: the delta rule's two-stage,
+    4-warp pass there was timed and checked on the GPU without kda's per-channel decay
+    loads."""
+    base = choose_configs(K, V, work)
+    if base.BK_full > 128:
+        base = dataclasses.replace(base, state_warps=8, state_stages=1)
+    return dataclasses.replace(base, prepare_warps=4, prepare_levels_warps=8, grad_BK=32)
 
 
 def kda_fwd(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, chunk_map, num_seqs,

@@ -160,7 +160,9 @@ default: all three operands' roundings weigh about the same in ``dq``, ``dk`` an
 gradient (each kept in fp32 alone took chunk_rwkv6's ``dw`` from 2.64e-3 to 2.25e-3, all three to
 1.06e-3), so nothing short of tf32 operands (the ``qkg`` config's ``pairs="tf32"``) brings them
 to the peer's, and tf32 took ``_qkg_bwd`` from 1.34 to 1.54 ms (H200, B=4 T=4096 H=16 K=V=128),
-a loss of speed the accuracy did not buy.
+a loss of speed the accuracy did not buy: at its best block shape (sibling totals through a
+scratch tile) forward+backward was still 1.941 against 1.799 ms for chunk_gla and 2.279
+against 2.082 for chunk_rwkv6, 8-10% slower (``benchmarks/results/sweeps/gla_tf32_pairs_h200.json``).
 
 Kernels and launches
 --------------------
