@@ -38,6 +38,12 @@ machine's CPU; the graph time is what a model compiled with CUDA graphs gets.
 Results go to ``<out>.json`` and ``<out>.md`` after every op (a run cut by a time limit
 keeps what it measured; ``--resume`` then times only the ops missing from the JSON); the
 table is printed last.
+
+With ``--gpus N`` (a host with several GPUs) the warm-up is shared, then the ops are dealt
+to N timing processes in turn, one pinned to each GPU (``CUDA_VISIBLE_DEVICES``), which
+time at the same time, each into ``<out>.gpu<i>.*``; their rows are merged into ``<out>``
+in the bench's order, each with its GPU, and each GPU's rates and host line are kept. The
+host is shared: a line bound by its host time moves with what the others issue.
 """
 
 from __future__ import annotations
@@ -715,6 +721,70 @@ def run(benches, out_path, rounds, resume=False, graphs=False):
     print(table)
 
 
+def split_over_gpus(names: list, gpus: int) -> list:
+    """The ops dealt to ``gpus`` timing processes in turn (neighbours in the bench's order,
+    often one family's ops of like cost, land on different GPUs); no empty share."""
+    return [names[i::gpus] for i in range(gpus) if names[i::gpus]]
+
+
+def merged_report(reports: list, order: list) -> dict:
+    """One report from the per-GPU runs' reports (``reports[i]`` from GPU i, None where a
+    run left nothing): rows in ``order`` (op names), each tagged with its GPU; the header's
+    device, rates and host are GPU 0's, every GPU's are kept in ``per_gpu``."""
+    present = [(i, r) for i, r in enumerate(reports) if r]
+    if not present:
+        raise RuntimeError("no GPU's run left a report")
+    rows = {row["op"]: {**row, "gpu": i} for i, r in present for row in r["rows"]}
+    first = present[0][1]
+    keys = ("device", "copy_bandwidth_TBps", "matmul_TFLOPs", "host", "command")
+    return {**first, "rows": [rows[name] for name in order if name in rows],
+            "per_gpu": [{"gpu": i, **{k: r.get(k) for k in keys}} for i, r in present],
+            "command": " ".join(sys.argv)}
+
+
+def run_on_gpus(names: list, gpus: int, out_path: str, child_args: list, command=None) -> dict:
+    """Time ``names`` on ``gpus`` GPUs at once (``split_over_gpus``), one child process per
+    GPU (``command(i, ops, out)``: its argv; by default this script with ``child_args``), and
+    merge what they wrote. An interrupt (a time limit's SIGINT) is passed on to the children,
+    which keep what they timed; the merge follows either way."""
+    import signal
+    import subprocess
+
+    command = command or (lambda i, ops, out: [sys.executable, __file__, "--ops", ",".join(ops), "--out", out, *child_args])
+    shares = split_over_gpus(names, gpus)
+    children = []
+    for i, ops in enumerate(shares):
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i)}
+        children.append(subprocess.Popen(command(i, ops, f"{out_path}.gpu{i}"), env=env))
+    try:
+        for p in children:
+            p.wait()
+    except KeyboardInterrupt:
+        # ``timeout`` signals the whole process group: give the children the signal's own
+        # effect first, so that a second one does not cut a report being written
+        deadline = time.time() + 10
+        while time.time() < deadline and any(p.poll() is None for p in children):
+            time.sleep(0.2)
+        for p in children:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in children:
+            p.wait()
+    reports = []
+    for i in range(len(shares)):
+        try:
+            with open(f"{out_path}.gpu{i}.json") as f:
+                reports.append(json.load(f))
+        except (OSError, ValueError):
+            reports.append(None)
+    report = merged_report(reports, names)
+    with open(out_path + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    with open(out_path + ".md", "w") as f:
+        f.write(format_table(report) + "\n")
+    return report
+
+
 def complete(row) -> bool:
     """Timed already: ours ran, and its forward has a median."""
     return "error" not in row.get("ours", {}) and "ours" in row.get("fwd", {})
@@ -789,9 +859,13 @@ def format_table(report) -> str:
              "floor: ours as % of the op's floor in ms (mem: bytes / copy bandwidth; TC: FLOPs / matmul rate); "
              "TFLOP/s: achieved, ours / peer, where the op has a FLOP count",
              *([f"Host: {host_line(report['host'], report['rows'])}"] if report.get("host") else []),
+             *_per_gpu_lines(report),
              ""]
     header = ["| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms "
               "| fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    several = len(report.get("per_gpu", [])) > 1
+    if several:
+        header = [header[0] + " GPU |", header[1] + "---|"]
     lines += header
     for modes in (MODES, GRAPH_MODES):
         rows = [row for row in report["rows"] if any(m in row for m in modes)]
@@ -803,6 +877,8 @@ def format_table(report) -> str:
             for mode in modes:
                 cells += [_cell(row, mode, "ours"), _cell(row, mode, "peer"), _ratio(row, mode), _floor(row, mode),
                           _tflops(row, mode)]
+            if several:
+                cells.append(str(row.get("gpu", "-")))
             lines.append("| " + " | ".join(cells) + " |")
     variant_lines = [_variant_line(row, mode) for row in report["rows"] for mode in MODES + GRAPH_MODES
                      if row.get(mode, {}).get("peer_ratios")]
@@ -810,6 +886,18 @@ def format_table(report) -> str:
         lines += ["", "Each peer variant: median ms, ratio to ours (median, min-max); the row's peer is the fastest each round:", "",
                   *variant_lines]
     return "\n".join(lines)
+
+
+def _per_gpu_lines(report) -> list:
+    """For a run over several GPUs (``--gpus``): each GPU's rates and host while it timed."""
+    if len(report.get("per_gpu", [])) < 2:
+        return []
+    lines = [f"Timed on {len(report['per_gpu'])} GPUs at once, one process each (the op's GPU in its row's last column):"]
+    for g in report["per_gpu"]:
+        rows = [row for row in report["rows"] if row.get("gpu") == g["gpu"]]
+        lines.append(f"- GPU {g['gpu']}: {g['device']}, copy bandwidth {g['copy_bandwidth_TBps']:.2f} TB/s, bf16 matmul "
+                     f"{g['matmul_TFLOPs']:.0f} TFLOP/s; {len(rows)} ops; host: {host_line(g['host'], rows)}")
+    return lines
 
 
 def _variant_line(row, mode) -> str:
@@ -834,7 +922,13 @@ def main():
                              "(autotune results of that phase are not kept), then time them one by one")
     parser.add_argument("--warm-limit", type=float, default=330, metavar="S", help="stop the warm-up after S seconds")
     parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gpus", type=int, default=1, metavar="N",
+                        help="after the warm-up, time the ops on N GPUs at once, one process each (needs --out)")
     args = parser.parse_args()
+    if args.gpus > 1 and not args.out:
+        parser.error("--gpus needs --out: each GPU's process writes <out>.gpu<i>.*, merged into <out>.*")
+    if args.gpus > 1 and args.gpus > torch.cuda.device_count():
+        parser.error(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} GPUs")
     by_name = {b.name: b for b in BENCHES}
     benches = [by_name[name] for name in args.ops.split(",")] if args.ops else BENCHES
     if args.warm_only:
@@ -850,6 +944,11 @@ def main():
         benches_to_warm = benches
     if args.warm and benches_to_warm:
         warm(benches_to_warm, args.warm, args.warm_limit, args.out)
+    if args.gpus > 1:
+        child_args = ["--rounds", str(args.rounds), *(["--resume"] if args.resume else []),
+                      *(["--graphs"] if args.graphs else [])]
+        print(format_table(run_on_gpus([b.name for b in benches], args.gpus, args.out, child_args)))
+        return
     run(benches, args.out, args.rounds, args.resume, args.graphs)
 
 

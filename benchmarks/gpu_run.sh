@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session's work, in parts that each fit one 10-minute device command:
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU, interleaved
-#                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine)
+#                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine;
+#                                         # FLA_BENCH_GPUS=2: the ops dealt to two GPUs, timed at once)
 #   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
 #                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it; FLA_SWEEP_ROUNDS)
 #   bash benchmarks/gpu_run.sh accuracy [--ops a,b]  # each op's bf16 errors beside the peer's (peer_accuracy.py,
@@ -58,7 +59,7 @@ case "$part" in
     keep=/tmp/fla-bench; mkdir -p "$keep"
     [ "${FLA_BENCH_RESUME:-0}" = 1 ] && resume=--resume || { resume=; rm -f "$keep"/bench.*; }
     timeout -s INT -k 20 "${FLA_BENCH_TIMEOUT:-560}" python3 benchmarks/bench.py --warm "${FLA_WARM_JOBS:-16}" \
-      --rounds "${FLA_BENCH_ROUNDS:-5}" $resume --out "$keep/bench" "$@" > "$LOGS/bench.log" 2>&1
+      --rounds "${FLA_BENCH_ROUNDS:-5}" --gpus "${FLA_BENCH_GPUS:-1}" $resume --out "$keep/bench" "$@" > "$LOGS/bench.log" 2>&1
     echo "bench exit $?" >> "$LOGS/bench.log"
     cp "$keep"/bench.json "$keep"/bench.md "$LOGS/" 2>/dev/null
     echo "== bench:"; grep -E "^warm-up|^copy bandwidth|Error" "$LOGS/bench.log" | sort | uniq -c | head; tail -n 1 "$LOGS/bench.log"
