@@ -251,7 +251,12 @@ def main(argv=None) -> int:
         print(f"not measured (past --budget-s {args.budget_s:.0f}, or after a CUDA error): {', '.join(left)}")
     print()
     print(table(rows))
-    known = recorded_rows(args.no_worse_than, args.dtype, dims, args.seed) if args.no_worse_than else {}
+    if not args.no_worse_than:
+        known = {}
+    elif args.no_worse_than == args.peer_from:  # the same run's record, read above
+        known = recorded
+    else:
+        known = recorded_rows(args.no_worse_than, args.dtype, dims, args.seed)
     regressions = []
     for r in rows:
         before = known.get((r["op"], r["tensor"]))
@@ -289,11 +294,6 @@ def with_recorded(row: dict, recorded: dict | None) -> dict:
 def is_over(row: dict, max_ratio: float, floor: float) -> bool:
     """Whether the row's error is above ``max_ratio`` times the peer's, each side at least ``floor``."""
     return row["peer"] is not None and max(row["ours"], floor) > max_ratio * max(row["peer"], floor)
-
-
-def over_ratio(rows: list[dict], max_ratio: float, floor: float) -> list[dict]:
-    """The rows over ``max_ratio`` (:func:`is_over`)."""
-    return [r for r in rows if is_over(r, max_ratio, floor)]
 
 
 def write(path, args, device, dims, rows, failed, left, why_no_peer, emulated):

@@ -108,6 +108,7 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     """
     arch = _arch.target_arch() if arch is None else arch
     small_smem = _arch.shared_memory_limit(arch) < 150_000
+    large_smem = _arch.shared_memory_limit(arch) >= 200_000  # the 228 KB parts (sm90, sm100)
     wide = dtype == torch.float32
     # 16-wide blocks gave wrong bf16 results on sm90 (K = V = 16, Triton 3.6; fp32 and
     # K >= 32 right): blocks are at least 32 wide, the masks cover the rest
@@ -119,7 +120,7 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     pipelined = 1 if small_smem else 2
     # the reverse state pass stages q, k, w, P and dO each chunk: two stages of fp32 tiles
     # need the 228 KB parts (measured 173 KB at K = 128 against sm80's 163 KB)
-    grad_pipelined = 1 if (small_smem or (wide and _arch.shared_memory_limit(arch) < 200_000)) else 2
+    grad_pipelined = 1 if (small_smem or (wide and not large_smem)) else 2
     return Configs(
         BK_full=BK_full,
         BKS=min(64, BK_full),
@@ -130,8 +131,7 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         # (three need 255 KB): the forward 0.778 ms against 1.400 at one stage and 8 warps (of
         # which the pass took 1.00), 4 warps beating 8 at either stage count (H200)
         state_BV=min(64, BV_full), state_warps=4,
-        state_stages=(2 if _arch.shared_memory_limit(arch) >= 200_000 else 1) if big_state
-        else 3 if _arch.shared_memory_limit(arch) >= 200_000 else pipelined,
+        state_stages=(2 if big_state else 3) if large_smem else (1 if big_state else pipelined),
         output_BK=BK, output_BV=min(128, BV_full), output_warps=4, output_stages=1 if (small_smem and wide) else 2,
         state_grad_BV=min(32, BV_full), state_grad_warps=4, state_grad_stages=1 if big_state else grad_pipelined,
         # fp32 on the 100 KB parts: 32-wide blocks (Triton 3.8 needs 114688 bytes at 64,
