@@ -276,6 +276,10 @@ NORM_FORWARD = {
     "fwd 4 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 4),
     "fwd 8 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8),
     "fwd 8 programs an SM, tile 4096": [("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8), _norm_fwd(4096)],
+    "fwd 8 programs an SM, tile 2048, 4 warps": [("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8),
+                                                 _norm_fwd(2048, 4)],
+    "fwd 16 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 16),
+    "fwd 12 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 12),
 }
 VARIANTS["rms_norm_gated"] = {
     "default": [],
@@ -285,6 +289,21 @@ VARIANTS["rms_norm_gated"] = {
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
 }
 VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD}
+def _attention(**kernels):
+    """parallel_attn's blocks of the named kernels (fwd, dkdv, dq) replaced: (BM, BN, warps, stages[, descriptors])."""
+    import dataclasses
+
+    def wrap(base):
+        from kernels.attention.parallel import Blocks
+        return lambda *a: dataclasses.replace(base(*a), **{n: Blocks(*b) for n, b in kernels.items()})
+    return ("kernels.attention.parallel", "attention_configs", wrap)
+
+
+VARIANTS["parallel_attn_vs_sdpa"] = {
+    "default": [],
+    "dq 64 x 64, pointer loads (before)": _attention(dq=(64, 64, 4, 2)),
+    "dk/dv q and do through descriptors": _attention(dkdv=(64, 64, 4, 2, True)),
+}
 # packed sequences' blocks as they lie, before the heaviest-first tables
 VARIANTS["parallel_attn_varlen"] = {
     "default": [],

@@ -25,7 +25,7 @@ sm90 and newer), for fixed-length batches with power-of-two head dims; pointer l
 otherwise. The program stores ``o`` and the
 row's logsumexp ``lse = m + log2(l)`` (log2 units, float32) for the backward.
 
-Backward, with ``delta_i = do_i . o_i`` (``attn_bwd_delta_kernel``)::
+Backward, with ``delta_i = do_i . o_i``::
 
     p_ij = exp2(scale log2(e) q_i . k_j - lse_i)
     dv_j = sum_i p_ij do_i                    dp_ij = do_i . v_j
@@ -37,7 +37,10 @@ heads of the kv head's group and, per head, over the query blocks that see the k
 (the same three segments, seen from the key side), and accumulates dk and dv in fp32
 registers: the group's sum is formed in one program in a fixed order, deterministic,
 without atomics. ``attn_bwd_dq_kernel``: one program per (query block, query head),
-walking key blocks like the forward.
+walking key blocks like the forward. It runs first: it forms its rows' ``delta`` from the
+``do`` tile it holds anyway and one tile of ``o``, and stores it for the dk/dv kernel (a
+separate pass over ``o`` and ``do`` took 34 us of the H200's 2.6 ms forward+backward at
+B=4 T=4096 H=16 D=128).
 
 Launches put the blocks of every sequence on grid axis 0 and the heads on axis 1 (H
 itself, never B*H or N*H). Fixed-length batches index blocks directly; packed sequences
@@ -297,21 +300,6 @@ def attn_fwd_kernel(
 
 
 @triton.jit
-def attn_bwd_delta_kernel(o, do, delta, TOTAL, H: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
-                          BDV: tl.constexpr):
-    """``delta[h, t] = do[t, h] . o[t, h]`` in fp32, for BT tokens of one head."""
-    i_t = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1).to(tl.int64)
-    tokens = i_t * BT + tl.arange(0, BT)
-    cols = tl.arange(0, BDV)
-    mask = (tokens[:, None] < TOTAL) & (cols[None, :] < DV)
-    offs = (tokens[:, None] * H + i_h) * DV + cols[None, :]
-    ob = tl.load(o + offs, mask=mask, other=0.0).to(tl.float32)
-    dob = tl.load(do + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(delta + i_h * TOTAL + tokens, tl.sum(ob * dob, 1), mask=tokens < TOTAL)
-
-
-@triton.jit
 def _dkdv_queries(dk, dv, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row, delta_row, keys, m_lo, m_hi, L,
                   window, qk_scale, Q_ROW: tl.constexpr, DO_ROW: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BM: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, MASKED: tl.constexpr,
@@ -413,7 +401,7 @@ def _dq_keys(dq, qb, dob, lse_m, delta_m, k_blk, v_blk, k_desc, v_desc, desc_row
 
 @triton.jit
 def attn_bwd_dq_kernel(
-    q, k, v, do, lse, delta, dq, k_desc, v_desc, block_map, cu_seqlens, scale, window, T, TOTAL,
+    q, k, v, o, do, lse, delta, dq, k_desc, v_desc, block_map, cu_seqlens, scale, window, T, TOTAL,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, USE_DESC: tl.constexpr,
@@ -431,8 +419,11 @@ def attn_bwd_dq_kernel(
     qb = _tile_load(_tile_ptrs(q, bos + m0, i_h, H, D, BM, BD), row_ok, c_d, True, BD != D)
     dob = _tile_load(_tile_ptrs(do, bos + m0, i_h, H, DV, BM, BDV), row_ok, c_dv, True,
                      BDV != DV)
+    ob = _tile_load(_tile_ptrs(o, bos + m0, i_h, H, DV, BM, BDV), row_ok, c_dv, True, BDV != DV)
     lse_m = tl.load(lse + i_h * TOTAL + bos + rows, mask=row_ok, other=0.0)
-    delta_m = tl.load(delta + i_h * TOTAL + bos + rows, mask=row_ok, other=0.0)
+    # every row of every sequence is in one dq block: these rows' delta, for dk/dv after
+    delta_m = tl.sum(ob.to(tl.float32) * dob.to(tl.float32), 1)
+    tl.store(delta + i_h * TOTAL + bos + rows, delta_m, mask=row_ok)
     k_blk = _tile_ptrs(k, bos, i_hkv, HKV, D, BN, BD)
     v_blk = _tile_ptrs(v, bos, i_hkv, HKV, DV, BN, BDV)
     desc_row = _desc_row(bos, T, i_hkv, USE_DESC)
@@ -503,8 +494,10 @@ CONFIGS = {
         # (benchmarks/attention_sweep.py): on an H100 the forward with k and v through
         # tensor descriptors takes 0.594 ms against 0.774 for pointer loads (and 0.608 for
         # (128, 128, 8, 3, True)); on an H200 dk/dv 64 x 64 saves 0.57 ms of 3.66 against
-        # (32, 128, 8, 3), dq 64 x 64 0.14 ms
-        (200 * KB, (64, 64, 4, 3, True), (64, 64, 4, 2), (64, 64, 4, 2)),
+        # (32, 128, 8, 3); dq 128 x 64 on two warpgroups with k and v through descriptors
+        # takes forward+backward from 2.896 ms (64 x 64, pointer loads) to 2.584
+        # (benchmarks/results/sweeps/attention_descriptors_h200.json)
+        (200 * KB, (64, 64, 4, 3, True), (64, 64, 4, 2), (128, 64, 8, 3, True)),
         (160 * KB, (128, 64, 8, 2), (32, 128, 8, 2), (64, 32, 4, 2)),
         (0, (128, 64, 4, 2), (32, 128, 4, 2), (128, 32, 4, 2)),
     ],
@@ -609,13 +602,18 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
     dq, dk, dv = empty(q.shape, q.dtype, q.device), empty(k.shape, k.dtype, k.device), empty(v.shape, v.dtype, v.device)
     if B * T == 0:
         return dict(q=dq, k=dk, v=dv)
-    delta = empty((H, B * T), torch.float32, q.device)
-    BT = max(16, 4096 // BDV)
-    attn_bwd_delta_kernel[(cdiv(B * T, BT), H)](
-        o, do, delta, B * T, H=H, DV=DV, BT=BT, BDV=BDV, num_warps=4, **COMPILE_OPTIONS
-    )
+    delta = empty((H, B * T), torch.float32, q.device)  # written by the dq kernel, read by dk/dv's
     common = dict(H=H, HKV=HKV, D=D, DV=DV, BD=BD, BDV=BDV, CAUSAL=causal, HAS_WINDOW=window is not None,
                   IS_VARLEN=cu_seqlens is not None)
+    c = cfg.dq
+    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
+    if rows > 0:
+        k_desc, v_desc = _descriptors((k, v), c.BN, c, cu_seqlens is not None)
+        attn_bwd_dq_kernel[(rows, H)](
+            q, k, v, o, do, lse, delta, dq, k_desc, v_desc, table, cu_seqlens, scale, window or 0, T, B * T,
+            BM=c.BM, BN=c.BN, **common, USE_DESC=k_desc is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **COMPILE_OPTIONS,
+        )
     c = cfg.dkdv
     rows, table = _blocks_grid(B, T, offsets, c.BN, q.device, EARLY_FIRST if causal else IN_ORDER)
     if rows > 0:
@@ -623,15 +621,6 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
         attn_bwd_dkdv_kernel[(rows, HKV)](
             q, k, v, do, lse, delta, dk, dv, q_desc, do_desc, table, cu_seqlens, scale, window or 0, T, B * T,
             BM=c.BM, BN=c.BN, **common, USE_DESC=q_desc is not None, num_warps=c.num_warps,
-            num_stages=c.num_stages, **COMPILE_OPTIONS,
-        )
-    c = cfg.dq
-    rows, table = _blocks_grid(B, T, offsets, c.BM, q.device, LATE_FIRST if causal else IN_ORDER)
-    if rows > 0:
-        k_desc, v_desc = _descriptors((k, v), c.BN, c, cu_seqlens is not None)
-        attn_bwd_dq_kernel[(rows, H)](
-            q, k, v, do, lse, delta, dq, k_desc, v_desc, table, cu_seqlens, scale, window or 0, T, B * T,
-            BM=c.BM, BN=c.BN, **common, USE_DESC=k_desc is not None, num_warps=c.num_warps,
             num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     return dict(q=dq, k=dk, v=dv)
