@@ -289,6 +289,8 @@ VARIANTS["rms_norm_gated"] = {
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
 }
 VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD}
+
+
 def _attention(**kernels):
     """parallel_attn's blocks of the named kernels (fwd, dkdv, dq) replaced: (BM, BN, warps, stages[, descriptors])."""
     import dataclasses
