@@ -304,11 +304,16 @@ def _attention(**kernels):
 VARIANTS["parallel_attn_vs_sdpa"] = {
     "default": [],
     "dq 64 x 64, pointer loads (before)": _attention(dq=(64, 64, 4, 2)),
-    "dk/dv q and do through descriptors": _attention(dkdv=(64, 64, 4, 2, True)),
+    # dk/dv's query loop in three segments (Blocks.segments), pointer loads: the default before
+    "dk/dv three segments, pointer loads (before)": _attention(dkdv=(64, 64, 4, 2)),
+    "dk/dv three segments, descriptors": _attention(dkdv=(64, 64, 4, 2, True)),
+    "dk/dv one masked loop, pointer loads": _attention(dkdv=(64, 64, 4, 2, False, False)),
+    "dk/dv one masked loop, 64 x 128, 8 warps": _attention(dkdv=(64, 128, 8, 2, True, False)),
 }
 # packed sequences' blocks as they lie, before the heaviest-first tables
 VARIANTS["parallel_attn_varlen"] = {
     "default": [],
+    "dk/dv three segments (before)": _attention(dkdv=(64, 64, 4, 2, True)),
     "tables in order (before)": ("kernels.attention.parallel", "_blocks_grid",
                                  lambda base: lambda B, T, offsets, block, device, order=None: base(B, T, offsets, block, device)),
 }

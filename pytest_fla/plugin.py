@@ -28,6 +28,7 @@ import pytest
 
 from . import report as run_report
 from . import repro, sanitizer, targets
+from .sanitizer import interpreter as interpreter_memcheck
 from .checks import compile_per_arch, poison
 from .collection import projects, quick
 from .ops import registry
@@ -269,6 +270,7 @@ def pytest_configure(config):
     config.stash[repro.SANITIZER_TOOLS] = state.tools
     if is_interpreter():
         interpreter.skip_repeated_patching()
+        interpreter_memcheck.install()
     if state.target is not None and state.target.mode == targets.EMULATED:
         from .targets.emulation import enforce_shared_memory_limit
 
@@ -318,6 +320,9 @@ def pytest_report_header(config):
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
                      f"(pytest_fla/targets/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
+    if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():
+        lines.append("fla interpreter memcheck: every load, store and atomic checked against its launch's tensor "
+                     f"arguments (pytest_fla/sanitizer/interpreter.py; {interpreter_memcheck.OFF_ENV}=0 turns it off)")
     return lines
 
 

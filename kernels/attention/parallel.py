@@ -34,7 +34,9 @@ Backward, with ``delta_i = do_i . o_i``::
 
 ``attn_bwd_dkdv_kernel``: one program per (key block, kv head); it loops over the query
 heads of the kv head's group and, per head, over the query blocks that see the key block
-(the same three segments, seen from the key side), and accumulates dk and dv in fp32
+(the same three segments, seen from the key side; or, where q and do come through tensor
+descriptors, one loop that masks every tile: three inlined loop bodies kept three sets of
+tiles live and spilled, 828 bytes a thread on sm90 against 32), and accumulates dk and dv in fp32
 registers: the group's sum is formed in one program in a fixed order, deterministic,
 without atomics. ``attn_bwd_dq_kernel``: one program per (query block, query head),
 walking key blocks like the forward. It runs first: it forms its rows' ``delta`` from the
@@ -339,6 +341,7 @@ def attn_bwd_dkdv_kernel(
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, IS_VARLEN: tl.constexpr, USE_DESC: tl.constexpr,
+    SEGMENTS: tl.constexpr,
 ):
     i_block = tl.program_id(0).to(tl.int64)
     i_hkv = tl.program_id(1).to(tl.int64)
@@ -365,16 +368,24 @@ def attn_bwd_dkdv_kernel(
         lse_row = lse + i_h * TOTAL + bos
         delta_row = delta + i_h * TOTAL + bos
         desc_row = _desc_row(bos, T, i_h, USE_DESC)
-        if CAUSAL:  # (without it lo == a)
+        if SEGMENTS:
+            if CAUSAL:  # (without it lo == a)
+                dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row,
+                                               lse_row, delta_row, keys, lo, a, L, window, qk_scale, H * D, H * DV, D,
+                                               DV, BM, BD, BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
             dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
-                                           delta_row, keys, lo, a, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD,
+                                           delta_row, keys, a, b, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD,
+                                           BDV, False, CAUSAL, HAS_WINDOW, USE_DESC)
+            dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
+                                           delta_row, keys, b, hi, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD,
                                            BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
-        dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
-                                       delta_row, keys, a, b, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV,
-                                       False, CAUSAL, HAS_WINDOW, USE_DESC)
-        dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
-                                       delta_row, keys, b, hi, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD, BDV,
-                                       True, CAUSAL, HAS_WINDOW, USE_DESC)
+        else:
+            # one loop that masks every tile: the three inlined loop bodies hold three sets of
+            # live tiles, and the dk/dv kernel spills (sm90 bf16 D=128: 828 bytes a thread by
+            # offline ptxas, 164 as one loop)
+            dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
+                                           delta_row, keys, lo, hi, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD,
+                                           BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)
 
     dk_tile = _tile_ptrs(dk, bos + n0, i_hkv, HKV, D, BN, BD)
     dv_tile = _tile_ptrs(dv, bos + n0, i_hkv, HKV, DV, BN, BDV)
@@ -451,6 +462,9 @@ class Blocks:
     # tensor descriptors (TMA on sm90 and newer), where ``_descriptors`` allows them;
     # pointer loads otherwise
     descriptors: bool = False
+    # dk/dv only: its query loop in three segments (masked, whole, masked) where True, one
+    # loop masking every tile where False and q and do come through descriptors
+    segments: bool = True
 
 
 @dataclass(frozen=True)
@@ -496,8 +510,10 @@ CONFIGS = {
         # (128, 128, 8, 3, True)); on an H200 dk/dv 64 x 64 saves 0.57 ms of 3.66 against
         # (32, 128, 8, 3); dq 128 x 64 on two warpgroups with k and v through descriptors
         # takes forward+backward from 2.896 ms (64 x 64, pointer loads) to 2.584
-        # (benchmarks/results/sweeps/attention_descriptors_h200.json)
-        (200 * KB, (64, 64, 4, 3, True), (64, 64, 4, 2), (128, 64, 8, 3, True)),
+        # (benchmarks/results/sweeps/attention_descriptors_h200.json); dk/dv as one masked
+        # loop with q and do through descriptors: 2.446 against 2.511
+        # (sweeps/attention_dkdv_one_loop_h200.json)
+        (200 * KB, (64, 64, 4, 3, True), (64, 64, 4, 2, True, False), (128, 64, 8, 3, True)),
         (160 * KB, (128, 64, 8, 2), (32, 128, 8, 2), (64, 32, 4, 2)),
         (0, (128, 64, 4, 2), (32, 128, 4, 2), (128, 32, 4, 2)),
     ],
@@ -620,7 +636,11 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
         q_desc, do_desc = _descriptors((q, do), c.BM, c, cu_seqlens is not None)
         attn_bwd_dkdv_kernel[(rows, HKV)](
             q, k, v, do, lse, delta, dk, dv, q_desc, do_desc, table, cu_seqlens, scale, window or 0, T, B * T,
-            BM=c.BM, BN=c.BN, **common, USE_DESC=q_desc is not None, num_warps=c.num_warps,
+            BM=c.BM, BN=c.BN, **common, USE_DESC=q_desc is not None,
+            # one masked loop only over descriptor loads: with pointer loads (packed
+            # sequences) the whole blocks' unmasked loads win (varlen forward+backward 3.013
+            # ms in segments against 3.158 as one loop, sweeps/attention_dkdv_one_loop_h200.json)
+            SEGMENTS=c.segments or q_desc is None, num_warps=c.num_warps,
             num_stages=c.num_stages, **COMPILE_OPTIONS,
         )
     return dict(q=dq, k=dk, v=dv)

@@ -41,6 +41,25 @@ def off_by_one_read(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def discarded_read_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    cur = tl.load(x_ptr + offs, mask=mask)
+    # The planted bug: the neighbour's load takes the row mask, not its own (offs + 1 < n),
+    # so the last lane reads one past the end; the where drops that value from the result.
+    nxt = tl.load(x_ptr + offs + 1, mask=mask)
+    tl.store(y_ptr + offs, cur + tl.where(offs + 1 < n, nxt * 0.0, 0.0), mask=mask)
+
+
+def discarded_read(x: torch.Tensor) -> torch.Tensor:
+    """Reads one element past the end of ``x`` into a value no output keeps: right results,
+    no guard band or NaN shows it; memcheck (and the interpreter's check) does."""
+    y = torch.empty_like(x)
+    discarded_read_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), BLOCK=128)
+    return y
+
+
+@triton.jit
 def wild_store_kernel(y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # The planted bug: an offset of 2**40 elements lands far outside any allocation.

@@ -8,35 +8,38 @@ import faulty_kernels as fk
 import pytest
 import torch
 
-from plugin_testing import cpu_only, run
+from plugin_testing import DEVICE, cpu_only, run
 from pytest_fla.checks import bounds
+from pytest_fla.sanitizer import interpreter as interpreter_memcheck
 
 
 def banded_call(fn, x):
+    """``fn(x)`` with x and every allocation between bands; the interpreter's access check,
+    which refuses these faults before they land, suspended."""
     records = []
     placed, record = bounds.place(x, "input `x`", copy=True)
     records.append(record)
-    with bounds.banded_allocations(records):
+    with bounds.banded_allocations(records), interpreter_memcheck.suspended():
         y = fn(placed)
     return y, [breach for record in records for breach in record.breaches()]
 
 
 def test_a_clean_kernel_leaves_every_band():
-    x = torch.randn(300)
+    x = torch.randn(300, device=DEVICE)
     y, breaches = banded_call(fk.copy, x)
     assert breaches == []
     assert torch.equal(y, x)
 
 
 def test_a_store_past_the_end_is_named_with_its_allocation():
-    y, breaches = banded_call(fk.off_by_one_store, torch.randn(300))
+    y, breaches = banded_call(fk.off_by_one_store, torch.randn(300, device=DEVICE))
     assert len(breaches) == 1, breaches
     assert "4 byte(s) changed past the end of a [300] float32 allocation (plugin/faulty_kernels.py:" in breaches[0]
     assert "(the nearest at byte +0)" in breaches[0]
 
 
 def test_a_read_past_an_input_meets_nan_and_changes_no_band():
-    x = torch.randn(300)
+    x = torch.randn(300, device=DEVICE)
     y, breaches = banded_call(fk.off_by_one_read, x)
     assert breaches == []
     assert torch.equal(y[:-1], x[1:])
@@ -103,11 +106,12 @@ def test_the_check_bands_differentiable_inputs_and_upstream_gradients(label, for
     case = Case("small", {"B": 2, "T": 5, "D": 8})
     spec = op_spec(label.replace(" ", "_"), op=_differentiable_op(forward, backward), reference=lambda x: x.double(),
                    args={"x": Arg(("B", "T", "D"))}, cases=(case,), grads=("x",), outputs=("y",), varlen=False)
-    if breached is None:
-        generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
-        return
-    with pytest.raises(AssertionError, match=breached):
-        generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
+    with interpreter_memcheck.suspended():  # it would refuse the reads before the bands see them
+        if breached is None:
+            generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
+            return
+        with pytest.raises(AssertionError, match=breached):
+            generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
 
 
 TOY_OPS = '''
@@ -158,9 +162,11 @@ def pytest_fla_specs(config):
 
 
 @cpu_only
-def test_the_check_fails_an_op_that_every_other_check_passes(pytester):
+def test_the_check_fails_an_op_that_every_other_check_passes(pytester, monkeypatch):
+    """The bands alone: the interpreter's access check (on by default) turned off, as on a GPU."""
     pytester.makepyfile(toy_ops=TOY_OPS, conftest=TOY_CONFTEST,
                         test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
+    monkeypatch.setenv(interpreter_memcheck.OFF_ENV, "0")
     out = run(pytester, "-v", "-k", "forward or every_output or in_bounds").stdout.str()
     for passed in ("test_forward[double-fp32-small]", "test_every_output_written[double]",
                    "test_in_bounds[double-fp32-small]", "test_forward[double_past_the_end-fp32-small]",
@@ -169,3 +175,16 @@ def test_the_check_fails_an_op_that_every_other_check_passes(pytester):
     assert "test_in_bounds[double_past_the_end-fp32-small] FAILED" in out
     assert "4 byte(s) changed past the end of a [2, 5, 8] float32 allocation (" in out
     assert "/toy_ops.py:15 from " in out  # the allocation's line, then its caller
+
+
+@cpu_only
+def test_under_the_interpreter_its_access_check_fails_every_check_that_runs_the_store(pytester):
+    pytester.makepyfile(toy_ops=TOY_OPS, conftest=TOY_CONFTEST,
+                        test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
+    out = run(pytester, "-v", "-k", "forward or every_output or in_bounds").stdout.str()
+    for check in ("test_forward[double_past_the_end-fp32-small]", "test_every_output_written[double_past_the_end]",
+                  "test_in_bounds[double_past_the_end-fp32-small]"):
+        assert f"{check} FAILED" in out, check
+    assert "test_forward[double-fp32-small] PASSED" in out
+    assert ("double_kernel (program (0, 0, 0)): write of 1 element(s) of 4 bytes outside every tensor argument; "
+            "the lowest, 0 bytes past the end of `y` (float32[2, 5, 8])") in out

@@ -235,8 +235,11 @@ def test_a_host_lacking_compute_sanitizer_stops_a_sanitizer_run(pytester, tmp_pa
     tool.write_text("#!/bin/sh\nexit 0\n")
     tool.chmod(0o755)
     pytester.makepyfile(test_numeric=PROJECT)
+    # the second host's PATH without the directories that hold the real tool (a GPU machine's)
+    bare = ":".join(d for d in os.environ["PATH"].split(":") if d and not os.path.exists(os.path.join(d, tool.name)))
     result = run(pytester, "--tx", f"popen//env:FLA_FLEET_STAND_IN=sm80//env:PATH={tools}:{os.environ['PATH']}",
-                 "--tx", "popen//env:FLA_FLEET_STAND_IN=sm90", "--fla-arch=fleet", "--fla-sanitizer=memcheck")
+                 "--tx", f"popen//env:FLA_FLEET_STAND_IN=sm90//env:PATH={bare}", "--fla-arch=fleet",
+                 "--fla-sanitizer=memcheck")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert "compute-sanitizer is not on the PATH of " in err and err.count("#") == 1, err  # only the second host

@@ -12,6 +12,7 @@ import textwrap
 import numpy as np
 import torch
 
+from plugin_testing import needs_kernel_interpreter
 from pytest_fla.targets import interpreter_bf16
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -63,6 +64,7 @@ def test_the_patched_interpreter_computes_bf16_as_a_gpu():
     assert converted == "True" and arithmetic == "True"
 
 
+@needs_kernel_interpreter
 def test_peer_accuracy_measures_ours_on_the_cpu(tmp_path):
     """Without a GPU the comparison runs ours alone, the peer column n/a; a correct
     chunked kernel lands within its bf16 budget, and far from the error of an unpatched

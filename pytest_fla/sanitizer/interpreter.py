@@ -1,0 +1,227 @@
+"""memcheck's out-of-bounds check, on the CPU under Triton's interpreter.
+
+compute-sanitizer's memcheck reports a load or store outside every allocation; it needs a
+GPU, and sees a read just past a tensor only with PyTorch's caching allocator off
+(``pytest_fla.sanitizer``). Under ``TRITON_INTERPRET=1`` every ``tl.load``, ``tl.store``
+and atomic reaches the interpreter's builder as an array of addresses and a mask, so the
+same check can run on every launch of every test, with no tool and no GPU.
+
+``install()`` records, at each launch, the byte range of every tensor argument (a tensor
+descriptor's base included): from its first element to one past its last, by its sizes
+and strides. Each masked-in address of a load, store or atomic must then fall, with its
+element's bytes, inside one of them; one that does not fails the launch with an
+``OutOfBounds`` error naming the kernel, the program, the access's source line and the
+nearest argument. The range is the tensor's own, not its allocation's: a read past a
+view's end into memory the allocation holds (the next tensor of a packed buffer, the
+guard bands of ``pytest_fla.checks.bounds``) is an error here, where memcheck sees only
+allocations. That is the stricter verdict, and the one a kernel handed a view must meet:
+its out-of-bounds reads that no output shows (a column masked out of every store) are
+the ones the guard bands cannot see.
+
+The planted faults of ``tests/plugin/faulty_kernels.py`` get the same verdict here as
+from the real tool on a GPU (``tests/plugin/test_interpreter_memcheck.py`` beside
+``tests/plugin/test_gpu_faults.py``). ``FLA_INTERPRETER_MEMCHECK=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+
+OFF_ENV = "FLA_INTERPRETER_MEMCHECK"
+
+
+class OutOfBounds(RuntimeError):
+    """A masked-in access outside every tensor argument of its launch."""
+
+
+@dataclass(frozen=True)
+class Extent:
+    """One tensor argument's bytes: ``[start, end)``, and how to name it."""
+
+    start: int
+    end: int
+    what: str
+
+
+def wanted() -> bool:
+    return os.environ.get(OFF_ENV) != "0"
+
+
+def tensor_extent(t, what: str) -> Extent | None:
+    """The bytes a kernel may touch through ``t``: from its first element to one past its
+    last (None for an empty tensor, which allows nothing)."""
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    # sizes and strides give the farthest element; a negative stride (never made by
+    # torch's views, possible through as_strided) reaches below the first one
+    low = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s > 0)
+    size = t.element_size()
+    return Extent(start + low * size, start + (high + 1) * size,
+                  f"`{what}` ({str(t.dtype).replace('torch.', '')}{list(t.shape)})")
+
+
+def launch_extents(names, args, kwargs) -> list[Extent]:
+    """The extents of a launch's tensor arguments (tuples and tensor descriptors opened)."""
+    found: list[Extent] = []
+
+    def add(value, what):
+        if isinstance(value, (tuple, list)):
+            for i, item in enumerate(value):
+                add(item, f"{what}[{i}]")
+        elif hasattr(value, "base") and hasattr(value, "block_shape"):  # a TensorDescriptor
+            add(value.base, f"{what}.base")
+        elif hasattr(value, "data_ptr") and hasattr(value, "stride"):
+            extent = tensor_extent(value, what)
+            if extent is not None:
+                found.append(extent)
+
+    for name, value in zip(names, args):
+        add(value, name)
+    for name, value in kwargs.items():
+        add(value, name)
+    return found
+
+
+class Launches:
+    """The extents of the launches in progress (the innermost last), and the check."""
+
+    def __init__(self):
+        self.stack: list[tuple[str, list[Extent]]] = []
+        self.suspended = 0
+
+    def check(self, op: str, ptrs, mask, element_bytes: int) -> None:
+        if not self.stack or self.suspended:
+            return
+        import numpy as np  # here: the plugin loads this module on controllers without numpy
+
+        kernel, extents = self.stack[-1]
+        addresses = np.asarray(ptrs, dtype=np.uint64)
+        if mask is not None:
+            addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
+        addresses = addresses.ravel()
+        if addresses.size == 0:
+            return
+        starts = np.array([e.start for e in extents], dtype=np.uint64)
+        ends = np.array([e.end for e in extents], dtype=np.uint64)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for start, end in zip(starts, ends):
+            inside |= (addresses >= start) & (addresses + np.uint64(element_bytes) <= end)
+        if inside.all():
+            return
+        outside = addresses[~inside]
+        raise OutOfBounds(self.describe(kernel, op, outside, extents, element_bytes))
+
+    @staticmethod
+    def describe(kernel: str, op: str, outside, extents: list[Extent], element_bytes: int) -> str:
+        first = int(outside.min())
+        where = ""
+        if extents:
+            def distance(e):
+                return e.start - first if first < e.start else first + element_bytes - e.end
+            near = min(extents, key=distance)
+            where = (f"; the lowest, {near.start - first} bytes before the start of {near.what}" if first < near.start
+                     else f"; the lowest, {first - near.end} bytes past the end of {near.what}")
+        return (f"{kernel}{_program()}: {op} of {outside.size} element(s) of {element_bytes} bytes outside every "
+                f"tensor argument{where}{_source_line()}")
+
+
+def _program() -> str:
+    from triton.runtime.interpreter import interpreter_builder
+
+    idx = getattr(interpreter_builder, "grid_idx", None)
+    return f" (program {tuple(int(i) for i in idx)})" if idx is not None else ""
+
+
+def _source_line() -> str:
+    """`` at file:line: source`` of the innermost frame outside Triton and this module: the
+    kernel's (or its helper's) load or store."""
+    import linecache
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if f"{os.sep}triton{os.sep}" not in path and path != __file__:
+            line = linecache.getline(path, frame.f_lineno).strip()
+            return f" at {path}:{frame.f_lineno}: {line}"
+        frame = frame.f_back
+    return ""
+
+
+LAUNCHES = Launches()
+
+
+@contextlib.contextmanager
+def suspended():
+    """No access checked inside: for tests of what the other checks see of a fault."""
+    LAUNCHES.suspended += 1
+    try:
+        yield
+    finally:
+        LAUNCHES.suspended -= 1
+
+
+def _element_bytes(ptrs) -> int:
+    return max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+
+
+def install() -> bool:
+    """Check every access of every interpreted launch in this process; False (nothing
+    done) where it is not wanted or this Triton's interpreter has not the shape it was
+    written for (Triton 3.6 to 3.9 have it)."""
+    if not wanted():
+        return False
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    methods = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+    if builder is None or executor is None or not all(hasattr(builder, m) for m in methods) \
+            or not hasattr(executor, "_init_args_hst") or getattr(executor, "fla_memcheck", False):
+        return False
+
+    init_args, call = executor._init_args_hst, executor.__call__
+
+    def init_args_checked(self, args_dev, kwargs):
+        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        if LAUNCHES.stack and LAUNCHES.stack[-1][1] is None:
+            LAUNCHES.stack[-1] = (LAUNCHES.stack[-1][0], launch_extents(self.arg_names, args_hst, kwargs_hst))
+        return args_hst, kwargs_hst
+
+    def call_checked(self, *args, **kwargs):
+        LAUNCHES.stack.append((getattr(self.fn, "__name__", "a kernel"), None))
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            LAUNCHES.stack.pop()
+
+    masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+    atomic_rmw, atomic_cas = builder.create_atomic_rmw, builder.create_atomic_cas
+
+    def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
+        LAUNCHES.check("read", ptrs.data, mask.data, _element_bytes(ptrs))
+        return masked_load(self, ptrs, mask, other, *args, **kwargs)
+
+    def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+        LAUNCHES.check("write", ptrs.data, mask.data, _element_bytes(ptrs))
+        return masked_store(self, ptrs, value, mask, *args, **kwargs)
+
+    def create_atomic_rmw(self, rmw_op, ptr, val, mask, *args, **kwargs):
+        LAUNCHES.check("atomic", ptr.data, mask.data, _element_bytes(ptr))
+        return atomic_rmw(self, rmw_op, ptr, val, mask, *args, **kwargs)
+
+    def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
+        LAUNCHES.check("atomic", ptr.data, None, _element_bytes(ptr))
+        return atomic_cas(self, ptr, cmp, val, *args, **kwargs)
+
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+    builder.create_atomic_rmw, builder.create_atomic_cas = create_atomic_rmw, create_atomic_cas
+    executor._init_args_hst, executor.__call__ = init_args_checked, call_checked
+    executor.fla_memcheck = True
+    return True
