@@ -59,6 +59,10 @@ def chunk_head_program(i_row, cu_seqlens, chunk_map, T, H: tl.constexpr, HV: tl.
     return i_hv, i_hv // (HV // H), t0, slot, n_valid, rows, rows < n_valid
 
 
+# a state of more keys than this (padded): fewer pipelining stages fit beside it
+BIG_STATE_KEYS = 128
+
+
 @dataclass(frozen=True)
 class Configs:
     """Block sizes, warps and pipeline stages of every kernel, for one (K, V, dtype, arch)."""
@@ -95,6 +99,10 @@ class Configs:
     # from its one-product launch's (None: prepare_warps)
     prepare_levels_warps: Optional[int] = None
 
+    @property
+    def big_state(self) -> bool:
+        return self.BK_full > BIG_STATE_KEYS
+
 
 def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) -> Configs:
     """Configs from the *target* arch's shared-memory budget (kernels/README.md).
@@ -107,8 +115,9 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     kernel offline for each target arch against its limit.
     """
     arch = _arch.target_arch() if arch is None else arch
-    small_smem = _arch.shared_memory_limit(arch) < 150_000
-    large_smem = _arch.shared_memory_limit(arch) >= 200_000  # the 228 KB parts (sm90, sm100)
+    smem = _arch.shared_memory_limit(arch)
+    small_smem = smem < 150_000
+    large_smem = smem >= 200_000  # the 228 KB parts (sm90, sm100)
     wide = dtype == torch.float32
     # 16-wide blocks gave wrong bf16 results on sm90 (K = V = 16, Triton 3.6; fp32 and
     # K >= 32 right): blocks are at least 32 wide, the masks cover the rest
@@ -116,7 +125,7 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     BV_full = max(32, block_size(V))
     BK = min(64, BK_full)
     BV = min(64, BV_full)
-    big_state = BK_full > 128
+    big_state = BK_full > BIG_STATE_KEYS
     pipelined = 1 if small_smem else 2
     # the reverse state pass stages q, k, w, P and dO each chunk: two stages of fp32 tiles
     # need the 228 KB parts (measured 173 KB at K = 128 against sm80's 163 KB)

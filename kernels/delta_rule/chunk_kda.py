@@ -139,7 +139,7 @@ def kda_configs(K: int, V: int, work: torch.dtype) -> Configs:
     4-warp pass there was timed and checked on the GPU without kda's per-channel decay
     loads."""
     base = choose_configs(K, V, work)
-    if base.BK_full > 128:
+    if base.big_state:
         base = dataclasses.replace(base, state_warps=8, state_stages=1)
     return dataclasses.replace(base, prepare_warps=4, prepare_levels_warps=8, grad_BK=32)
 

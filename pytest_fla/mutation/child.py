@@ -26,15 +26,26 @@ REFUSALS = ("CompilationError", "CompileTimeAssertionFailure", "UnsupportedLangu
             "PTXASError", "InterpreterError")
 
 
+# A finding of the interpreter's access check (``pytest_fla.sanitizer.interpreter``): it too
+# arrives wrapped in an ``InterpreterError``, but judges what the code does, as memcheck does.
+FINDINGS = ("OutOfBounds",)
+
+
 def refused_by_triton(error: BaseException | None) -> str | None:
-    """The name of the refusal in ``error``'s chain of causes, or None."""
-    seen = set()
+    """The name of the refusal in ``error``'s chain of causes, or None (also where the
+    chain holds a finding of the access check)."""
+    chain, seen = [], set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        for cls in type(error).__mro__:
-            if cls.__name__ in REFUSALS:
-                return cls.__name__
+        chain.append(error)
         error = error.__cause__ or error.__context__
+    names = [[cls.__name__ for cls in type(e).__mro__] for e in chain]
+    if any(name in FINDINGS for found in names for name in found):
+        return None
+    for found in names:
+        for name in found:
+            if name in REFUSALS:
+                return name
     return None
 
 

@@ -245,7 +245,8 @@ def rescore(path: Path, equivalent: dict) -> int:
 def _continued(path: Path | None, ops, rerun: set) -> dict:
     """The JSON document to write: the one at ``path`` with ``ops`` taken out (a run split
     over several commands, a group of ops each, ends in one file), or with only the
-    ``rerun`` mutants taken out where given (``--mutant``); a new one where none is."""
+    ``rerun`` mutants of ``ops`` taken out where given (``--mutant``; another op's mutant of
+    the same id, a shared helper's, keeps its record); a new one where none is."""
     document = {"runs": [], "ops": {}}
     if path is not None and path.exists():
         try:
@@ -254,8 +255,9 @@ def _continued(path: Path | None, ops, rerun: set) -> dict:
             earlier = {}
         if isinstance(earlier.get("runs"), list) and isinstance(earlier.get("ops"), dict):
             if rerun:
-                for data in earlier["ops"].values():
-                    data["mutants"] = [m for m in data["mutants"] if m["id"] not in rerun]
+                for op, data in earlier["ops"].items():
+                    if op in ops:
+                        data["mutants"] = [m for m in data["mutants"] if m["id"] not in rerun]
                 document = earlier
             else:
                 document = {"runs": earlier["runs"],

@@ -113,7 +113,7 @@ class Launches:
             inside |= (addresses >= start) & (addresses + np.uint64(element_bytes) <= end)
         if inside.all():
             return
-        outside = addresses[~inside]
+        outside = np.unique(addresses[~inside])  # lanes that repeat an address count once
         raise OutOfBounds(self.describe(kernel, op, outside, extents, element_bytes))
 
     @staticmethod

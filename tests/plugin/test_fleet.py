@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from plugin_testing import GPU, run
+from plugin_testing import GPU, needs_kernel_interpreter, run
 
 from pytest_fla import report
 from pytest_fla.running import fleet
@@ -175,10 +175,14 @@ sys.exit(pytest.main(sys.argv[1:]))
 '''
 
 
-def test_each_arch_runs_on_its_own_gateway_into_one_matrix(pytester):
+def test_each_arch_runs_on_its_own_gateway_into_one_matrix(pytester, monkeypatch):
     pytester.makepyfile(test_numeric=PROJECT, test_compiles=COMPILE_PROJECT)
     (pytester.path / "controller.py").write_text(CONTROLLER_WITHOUT_TORCH)
-    result = pytester.run(sys.executable, "controller.py", "-p", "no:cacheprovider", "-p", "no:randomly", *STAND_INS,
+    # only this plugin and xdist: a machine's other pytest plugins may import numpy (jaxtyping
+    # does, on the GPU machine), which this controller lacks
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    result = pytester.run(sys.executable, "controller.py", "-p", "xdist.plugin", "-p", "pytest_fla.plugin",
+                          "-p", "no:cacheprovider", "-p", "no:randomly", *STAND_INS,
                           "--fla-arch=fleet,sm100", "--fla-report=report.json", "test_numeric.py", "test_compiles.py",
                           timeout=540)
     data = json.loads((pytester.path / "report.json").read_text())
@@ -379,6 +383,7 @@ def test_a_host_that_goes_down_before_the_tests_start_fails_the_run(pytester):
                                  "xdist stopped the run"])
 
 
+@needs_kernel_interpreter  # its stand-in hosts run l2norm's kernels under the interpreter
 def test_the_ci_job_drives_the_hosts_it_is_given(tmp_path):
     """ci/fleet_job.sh as ci/fleet_workflow.yml runs it, given popen gateways standing in for
     the ssh hosts, on a small selection of this repository's suite."""

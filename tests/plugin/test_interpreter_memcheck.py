@@ -128,6 +128,22 @@ def test_a_store_and_an_atomic_out_of_bounds_are_refused_before_they_land():
     assert torch.count_nonzero(buf[100:]) == 0  # neither reached the memory past x
 
 
+@needs_interpreter
+def test_lanes_that_repeat_an_address_count_once():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rows_of_a_vector(w, y, n, R: tl.constexpr, B: tl.constexpr):
+        # a parameter vector as an [R, B] tile, every row a copy; the planted bug: c <= n
+        c = tl.arange(0, B)[None, :] + tl.zeros([R, 1], dtype=tl.int32)
+        r = tl.arange(0, R)[:, None]
+        tl.store(y + r * n + c, tl.load(w + c, mask=c <= n, other=0.0), mask=c < n)
+
+    with pytest.raises(Exception, match=r"read of 1 element\(s\) of 4 bytes .* past the end of `w` \(float32\[6\]\)"):
+        rows_of_a_vector[(1,)](torch.ones(6), torch.empty(4, 6), 6, R=4, B=8)
+
+
 def test_extents_follow_sizes_and_strides():
     base = torch.zeros(4, 6)
     size = base.element_size()

@@ -172,6 +172,25 @@ def test_triton_refusing_the_code_is_invalid_a_check_failing_is_a_kill(tmp_path)
         module.broken[(1,)](y)
     assert refused_by_triton(refused.value) is not None
     assert refused_by_triton(AssertionError("l2norm.y: rel_rms 0.3 > 2e-05")) is None
+    # a read past a tensor's end, found by the interpreter's access check: a finding, not a refusal
+    from pytest_fla.running.devices import is_interpreter
+
+    if is_interpreter():
+        (tmp_path / "reads_past.py").write_text(textwrap.dedent('''
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def reads_past(x, y):
+                offs = tl.arange(0, 16)
+                tl.store(y + offs, tl.load(x + offs + 1))
+        '''))
+        spec = importlib.util.spec_from_file_location("reads_past", tmp_path / "reads_past.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with pytest.raises(Exception, match="outside every tensor argument") as found:
+            module.reads_past[(1,)](torch.zeros(16), torch.zeros(16))
+        assert refused_by_triton(found.value) is None
 
     def first(error, refused_by=None):
         return {"first_failure": {"test": "test_forward[op-fp32-plain]", "error": error, "message": "m",
@@ -242,3 +261,18 @@ def _on_gpu() -> bool:
     from pytest_fla.running.devices import numeric_device
 
     return numeric_device().type == "cuda"
+
+
+def test_a_rerun_mutant_replaces_only_its_own_ops_record(tmp_path):
+    """A shared helper's mutant has one id in every op that runs it: rerunning it for one op
+    (``--mutant ID --fla-ops=a``) keeps the other op's record of it."""
+    from pytest_fla.mutation.command import _continued
+
+    shared, own = "kernels/norm.py::_param_tile::compare_flip::< -> <=#0", "kernels/norm.py::other#0"
+    path = tmp_path / "mutation.json"
+    path.write_text(json.dumps({"runs": [{}], "ops": {
+        "a": {"mutants": [{"id": shared, "status": "survived"}, {"id": own, "status": "killed"}]},
+        "b": {"mutants": [{"id": shared, "status": "survived"}]}}}))
+    document = _continued(path, {"a": []}, {shared})
+    assert document["ops"]["a"]["mutants"] == [{"id": own, "status": "killed"}]
+    assert document["ops"]["b"]["mutants"] == [{"id": shared, "status": "survived"}]
