@@ -28,7 +28,7 @@ REFUSALS = ("CompilationError", "CompileTimeAssertionFailure", "UnsupportedLangu
 
 # A finding of the interpreter's access check (``pytest_fla.sanitizer.interpreter``): it too
 # arrives wrapped in an ``InterpreterError``, but judges what the code does, as memcheck does.
-FINDINGS = ("OutOfBounds",)
+FINDINGS = ("OutOfBounds", "UnorderedWrites")
 
 
 def refused_by_triton(error: BaseException | None) -> str | None:

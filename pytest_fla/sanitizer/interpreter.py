@@ -20,7 +20,16 @@ the ones the guard bands cannot see.
 
 The planted faults of ``tests/plugin/faulty_kernels.py`` get the same verdict here as
 from the real tool on a GPU (``tests/plugin/test_interpreter_memcheck.py`` beside
-``tests/plugin/test_gpu_faults.py``). ``FLA_INTERPRETER_MEMCHECK=0`` turns it off.
+``tests/plugin/test_gpu_faults.py``).
+
+It also fails a program whose two stores write one address with no barrier between them
+(``UnorderedWrites``): on a GPU two store instructions of a program may be issued by
+different threads, in no set order, so which value lands is a race in global memory
+(racecheck watches shared memory only). The interpreter runs them in program order and the
+later one always wins, so no value check can see it. Stores are told apart by their call
+chain in the kernel (a helper's store called from two places is two stores); one store
+run again, in a loop, is the same threads' and is not compared with itself.
+``FLA_INTERPRETER_MEMCHECK=0`` turns both checks off.
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ OFF_ENV = "FLA_INTERPRETER_MEMCHECK"
 
 class OutOfBounds(RuntimeError):
     """A masked-in access outside every tensor argument of its launch."""
+
+
+class UnorderedWrites(RuntimeError):
+    """Two stores of one program to one address, with no barrier between them."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,35 @@ class Launches:
     def __init__(self):
         self.stack: list[tuple[str, list[Extent]]] = []
         self.suspended = 0
+        self.kernel_code = None  # the running kernel's code object: where a store's call chain ends
+        self.written: dict[tuple, object] = {}  # per store (call chain): addresses since the last barrier
+
+    def barrier(self) -> None:
+        """A new program, or a barrier in this one: what was written before is ordered."""
+        self.written = {}
+
+    def check_write_order(self, ptrs, mask) -> None:
+        if not self.stack or self.suspended:
+            return
+        import numpy as np
+
+        addresses = np.asarray(ptrs, dtype=np.uint64)
+        if mask is not None:
+            addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
+        addresses = np.unique(addresses)
+        if addresses.size == 0:
+            return
+        site = _call_chain(self.kernel_code)
+        for other, earlier in self.written.items():
+            if other != site:
+                both = np.intersect1d(addresses, earlier, assume_unique=True)
+                if both.size:
+                    raise UnorderedWrites(
+                        f"{self.stack[-1][0]}{_program()}: {both.size} element(s) written by two stores with no "
+                        f"barrier between them, whose order a GPU does not keep (different threads may issue "
+                        f"them): first at {_describe_chain(other)}, then at {_describe_chain(site)}")
+        before = self.written.get(site)
+        self.written[site] = addresses if before is None else np.union1d(before, addresses)
 
     def check(self, op: str, ptrs, mask, element_bytes: int) -> None:
         if not self.stack or self.suspended:
@@ -100,17 +142,21 @@ class Launches:
         import numpy as np  # here: the plugin loads this module on controllers without numpy
 
         kernel, extents = self.stack[-1]
+        if extents is None:  # the launch's arguments were never seen: nothing to check against
+            return
         addresses = np.asarray(ptrs, dtype=np.uint64)
         if mask is not None:
             addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
         addresses = addresses.ravel()
         if addresses.size == 0:
             return
-        starts = np.array([e.start for e in extents], dtype=np.uint64)
-        ends = np.array([e.end for e in extents], dtype=np.uint64)
-        inside = np.zeros(addresses.shape, dtype=bool)
-        for start, end in zip(starts, ends):
-            inside |= (addresses >= start) & (addresses + np.uint64(element_bytes) <= end)
+        starts, ends = _merged(extents)
+        if starts.size == 0:
+            inside = np.zeros(addresses.shape, dtype=bool)
+        else:
+            # the merged range that starts at or below each address, and whether it holds it whole
+            at = np.searchsorted(starts, addresses, side="right") - 1
+            inside = (at >= 0) & (addresses + np.uint64(element_bytes) <= ends[np.maximum(at, 0)])
         if inside.all():
             return
         outside = np.unique(addresses[~inside])  # lanes that repeat an address count once
@@ -128,6 +174,30 @@ class Launches:
                      else f"; the lowest, {first - near.end} bytes past the end of {near.what}")
         return (f"{kernel}{_program()}: {op} of {outside.size} element(s) of {element_bytes} bytes outside every "
                 f"tensor argument{where}{_source_line()}")
+
+
+def _merged(extents: list[Extent]):
+    """The extents' union as sorted, disjoint ``(starts, ends)`` arrays (cached per list: one
+    launch's), so that each access is one binary search, whatever the number of arguments
+    and however their views overlap."""
+    cached = _MERGED.get(id(extents))
+    if cached is not None and cached[0] is extents:
+        return cached[1]
+    import numpy as np
+
+    merged: list[list[int]] = []
+    for e in sorted(extents, key=lambda e: e.start):
+        if merged and e.start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e.end)
+        else:
+            merged.append([e.start, e.end])
+    arrays = (np.array([m[0] for m in merged], dtype=np.uint64), np.array([m[1] for m in merged], dtype=np.uint64))
+    _MERGED.clear()  # one launch's at a time
+    _MERGED[id(extents)] = (extents, arrays)
+    return arrays
+
+
+_MERGED: dict = {}
 
 
 def _program() -> str:
@@ -150,6 +220,31 @@ def _source_line() -> str:
             return f" at {path}:{frame.f_lineno}: {line}"
         frame = frame.f_back
     return ""
+
+
+def _call_chain(kernel_code) -> tuple:
+    """``((path, line), ...)`` of the frames outside Triton and this module, from the
+    innermost (the store) out to the kernel's own frame."""
+    chain = []
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if f"{os.sep}triton{os.sep}" not in path and path != __file__:
+            chain.append((path, frame.f_lineno))
+            if frame.f_code is kernel_code:
+                break
+        frame = frame.f_back
+    return tuple(chain)
+
+
+def _describe_chain(chain: tuple) -> str:
+    import linecache
+
+    if not chain:
+        return "an unknown line"
+    path, line = chain[0]
+    text = f"{path}:{line}: {linecache.getline(path, line).strip()}"
+    return text + "".join(f" (called at line {n})" for _, n in chain[1:])
 
 
 LAUNCHES = Launches()
@@ -181,7 +276,8 @@ def install() -> bool:
         return False
     builder = getattr(interpreter, "InterpreterBuilder", None)
     executor = getattr(interpreter, "GridExecutor", None)
-    methods = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")
+    methods = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas",
+               "set_grid_idx", "create_barrier")
     if builder is None or executor is None or not all(hasattr(builder, m) for m in methods) \
             or not hasattr(executor, "_init_args_hst") or getattr(executor, "fla_memcheck", False):
         return False
@@ -196,12 +292,16 @@ def install() -> bool:
 
     def call_checked(self, *args, **kwargs):
         LAUNCHES.stack.append((getattr(self.fn, "__name__", "a kernel"), None))
+        LAUNCHES.kernel_code = getattr(self.fn, "__code__", None)
+        LAUNCHES.barrier()
         try:
             return call(self, *args, **kwargs)
         finally:
             LAUNCHES.stack.pop()
+            LAUNCHES.barrier()
 
     masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+    grid_idx, barrier = builder.set_grid_idx, builder.create_barrier
     atomic_rmw, atomic_cas = builder.create_atomic_rmw, builder.create_atomic_cas
 
     def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
@@ -210,7 +310,16 @@ def install() -> bool:
 
     def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
         LAUNCHES.check("write", ptrs.data, mask.data, _element_bytes(ptrs))
+        LAUNCHES.check_write_order(ptrs.data, mask.data)
         return masked_store(self, ptrs, value, mask, *args, **kwargs)
+
+    def set_grid_idx(self, *args, **kwargs):
+        LAUNCHES.barrier()
+        return grid_idx(self, *args, **kwargs)
+
+    def create_barrier(self, *args, **kwargs):
+        LAUNCHES.barrier()
+        return barrier(self, *args, **kwargs)
 
     def create_atomic_rmw(self, rmw_op, ptr, val, mask, *args, **kwargs):
         LAUNCHES.check("atomic", ptr.data, mask.data, _element_bytes(ptr))
@@ -222,6 +331,7 @@ def install() -> bool:
 
     builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
     builder.create_atomic_rmw, builder.create_atomic_cas = create_atomic_rmw, create_atomic_cas
+    builder.set_grid_idx, builder.create_barrier = set_grid_idx, create_barrier
     executor._init_args_hst, executor.__call__ = init_args_checked, call_checked
     executor.fla_memcheck = True
     return True

@@ -60,6 +60,43 @@ def discarded_read(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def overlapping_stores_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    head = offs < n - 1
+    # The planted bug: the head's store takes one lane too many (offs <= n - 1), writing the
+    # last element, which the tail's store then writes again with its right value.
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=head) * 0.0, mask=offs <= n - 1)
+    last = n - 1 + tl.arange(0, 1)
+    tl.store(y_ptr + last, tl.load(x_ptr + last), mask=tl.program_id(0) == (n - 1) // BLOCK)
+
+
+def overlapping_stores(x: torch.Tensor) -> torch.Tensor:
+    """y = 0 * x, but for the last element, which two stores of one program write with no
+    barrier between: the interpreter keeps their order (the right value lands); a GPU need not."""
+    y = torch.empty_like(x)
+    overlapping_stores_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), BLOCK=128)
+    return y
+
+
+@triton.jit
+def _store_row(y_ptr, values):
+    tl.store(y_ptr + tl.arange(0, 8), values)
+
+
+@triton.jit
+def helper_stores_twice_kernel(y_ptr):
+    _store_row(y_ptr, tl.zeros([8], tl.float32))
+    # The planted bug: the same helper's store, called again for the same row, no barrier between
+    _store_row(y_ptr, tl.full([8], 1.0, tl.float32))
+
+
+def helper_stores_twice(y: torch.Tensor) -> torch.Tensor:
+    """Two calls of one helper store one row: two stores, though one line of source."""
+    helper_stores_twice_kernel[(1,)](y)
+    return y
+
+
+@triton.jit
 def wild_store_kernel(y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # The planted bug: an offset of 2**40 elements lands far outside any allocation.

@@ -144,6 +144,46 @@ def test_lanes_that_repeat_an_address_count_once():
         rows_of_a_vector[(1,)](torch.ones(6), torch.empty(4, 6), 6, R=4, B=8)
 
 
+@needs_interpreter
+def test_two_stores_of_one_address_with_no_barrier_between_fail():
+    import faulty_kernels as fk
+
+    x = torch.arange(1000.0)
+    with pytest.raises(Exception) as found:
+        fk.overlapping_stores(x)
+    message = str(found.value)
+    assert "UnorderedWrites" in message and "overlapping_stores_kernel (program (7, 0, 0)): 1 element(s) written by " \
+        "two stores with no barrier between them" in message
+    assert "tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=head) * 0.0" in message
+    assert "tl.store(y_ptr + last, tl.load(x_ptr + last)" in message
+    with memcheck.suspended():  # what a plain run sees: the later store's right value
+        y = fk.overlapping_stores(x)
+    assert torch.equal(y[:-1], torch.zeros(999)) and y[-1] == 999
+
+
+@needs_interpreter
+def test_a_store_rerun_in_a_loop_or_after_a_barrier_is_ordered():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rewrites(y, n, B: tl.constexpr, BARRIER: tl.constexpr):
+        o = tl.arange(0, B)
+        for i in range(3):  # one store, the same threads each time
+            tl.store(y + o, o.to(tl.float32) * i, mask=o < n)
+        if BARRIER:
+            tl.debug_barrier()
+            tl.store(y + o, o.to(tl.float32), mask=o < n)
+
+    y = torch.zeros(8)
+    rewrites[(1,)](y, 8, B=8, BARRIER=True)
+    assert torch.equal(y, torch.arange(8.0))
+    import faulty_kernels as fk
+
+    with pytest.raises(Exception, match="written by two stores .* \\(called at line"):
+        fk.helper_stores_twice(y)
+
+
 def test_extents_follow_sizes_and_strides():
     base = torch.zeros(4, 6)
     size = base.element_size()
