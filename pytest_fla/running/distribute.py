@@ -38,6 +38,13 @@ def with_env(spec: str, env: dict[str, str]) -> str:
 SHARD_ENV = "FLA_SHARD"
 
 
+def xdist_loaded(config) -> bool:
+    """Whether pytest-xdist is in the run: by its entry point (``xdist``), or named by its
+    module (``-p xdist.plugin``, the form a run with ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``
+    loads it by)."""
+    return config.pluginmanager.hasplugin("xdist") or config.pluginmanager.hasplugin("xdist.plugin")
+
+
 def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None:
     """Workers per target (``--dist each``), each running its share of the target's tests:
     ``-n N`` (default 1) for a target that runs the numeric checks, and N shared out among
@@ -46,7 +53,7 @@ def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None
     The numeric target is most of a run's work: under ``--fla-arch=all`` on two cores its one
     worker ran alone for most of the run, the compile-only ones done, the other core idle.
     A lone compile-only target (``--fla-arch=sm90``) with one worker left a core idle too."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    if not xdist_loaded(config):
         raise pytest.UsageError("--fla-arch with several targets runs one worker per target: install pytest-xdist")
     shares = getattr(config.option, "numprocesses", None) or 1
     if shares in ("auto", "logical"):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from .. import targets
-from .distribute import SHARD_ENV, with_env
+from .distribute import SHARD_ENV, with_env, xdist_loaded
 from ..report import HOST_ENV
 from ..targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Target, arch_name
 
@@ -309,7 +309,7 @@ def workers_per_gpu(config) -> int:
 def start(config) -> Fleet:
     """On the controller, before the session: probe the hosts, refuse what cannot run,
     and hand xdist the planned workers."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    if not xdist_loaded(config):
         raise pytest.UsageError("--fla-arch=fleet runs on xdist's gateways: install pytest-xdist")
     try:
         extra = extra_archs(config.option.fla_arch)
