@@ -136,6 +136,10 @@ VARIANTS = {
         "qkg tf32 pairs, BV 32": _gla(qkg={"pairs": "tf32", "BV": 32}),
         "qkg tf32 pairs, BK 32": _gla(qkg={"pairs": "tf32", "BK": 32}),
         "qkg tf32 pairs, 4 warps": _gla(qkg={"pairs": "tf32", "num_warps": 4}),
+        # fp16 operands scaled by a power of two a tile (kernels._gate_levels.scaled_half):
+        # the peer's accuracy at the bf16 rate, on the CPU's emulation
+        "qkg fp16 pairs": _gla(qkg={"pairs": "fp16"}),
+        "qkg fp16 pairs, siblings by scratch": _gla(qkg={"pairs": "fp16", "siblings": "scratch"}),
     },
     "fused_recurrent_gla": {
         "default": [],
@@ -388,7 +392,8 @@ for _op in ("chunk_gla", "chunk_rwkv6", "chunk_kda", "chunk_dplr_delta_rule"):
     VARIANTS[_op]["levels always (before)"] = LEVELS_ALWAYS
 # chunk_rwkv6 runs chunk_gla's kernels: the pair-precision variants time it too (its bonus
 # row makes its backward the heavier)
-VARIANTS["chunk_rwkv6"].update({label: v for label, v in VARIANTS["chunk_gla"].items() if label.startswith("qkg tf32")})
+VARIANTS["chunk_rwkv6"].update({label: v for label, v in VARIANTS["chunk_gla"].items()
+                                if label.startswith(("qkg tf32", "qkg fp16"))})
 
 
 def _more_programs(partials_module, factor: int):

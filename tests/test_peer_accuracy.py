@@ -49,27 +49,29 @@ def test_no_chunked_op_loses_accuracy_against_the_peer(tmp_path):
                                   "bf16 arithmetic emulated):\n" + "\n".join(gate))
 
 
-TF32_PAIRS = """
+PAIRS = """
 import sys
 sys.path[:0] = [{root!r}, {benchmarks!r}]
 import peer_accuracy
 peer_accuracy.pick_device("cpu")
 import kernels.gla.chunk as chunk
 base = chunk._configs
-chunk._configs = lambda *a: {{**base(*a), "qkg": {{**base(*a)["qkg"], "pairs": "tf32"}}}}
+chunk._configs = lambda *a: {{**base(*a), "qkg": {{**base(*a)["qkg"], "pairs": {pairs!r}}}}}
 sys.exit(peer_accuracy.main({argv!r}))
 """
 
 
-def test_tf32_pair_products_bring_the_gated_backward_to_the_peer(tmp_path):
-    """chunk_gla and chunk_rwkv6's backward with the ``qkg`` config's ``pairs="tf32"``: every
-    tensor within 1.2 times the peer's error (the default, bf16 pairs, is not: docs/tolerances.md)."""
+@pytest.mark.parametrize("pairs", ["tf32", "fp16"])
+def test_pair_products_bring_the_gated_backward_to_the_peer(tmp_path, pairs):
+    """chunk_gla and chunk_rwkv6's backward with the ``qkg`` config's ``pairs="tf32"`` (tf32
+    operands) or ``"fp16"`` (fp16 operands scaled by a power of two a tile): every tensor
+    within 1.2 times the peer's error (the default, bf16 pairs, is not: docs/tolerances.md)."""
     with open(RECORD) as f:
         dims = json.load(f)["dims"]
-    out = tmp_path / "tf32.json"
+    out = tmp_path / f"{pairs}.json"
     argv = ["--device", "cpu", "--ops", "chunk_rwkv6,chunk_gla", "--peer-from", RECORD, "--json", str(out),
             "--max-ratio", str(AIM), *(f"--{d}={n}" for d, n in dims.items())]
-    script = TF32_PAIRS.format(root=ROOT, benchmarks=os.path.join(ROOT, "benchmarks"), argv=argv)
+    script = PAIRS.format(root=ROOT, benchmarks=os.path.join(ROOT, "benchmarks"), argv=argv, pairs=pairs)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=ROOT)
     with open(out) as f:
         run = json.load(f)

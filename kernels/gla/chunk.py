@@ -163,6 +163,10 @@ to the peer's, and tf32 took ``_qkg_bwd`` from 1.34 to 1.54 ms (H200, B=4 T=4096
 a loss of speed the accuracy did not buy: at its best block shape (sibling totals through a
 scratch tile) forward+backward was still 1.941 against 1.799 ms for chunk_gla and 2.279
 against 2.082 for chunk_rwkv6, 8-10% slower (``benchmarks/results/sweeps/gla_tf32_pairs_h200.json``).
+``pairs="fp16"`` takes the three operands in fp16, each tile scaled by a power of two
+(``kernels._gate_levels.scaled_half``): 3 fraction bits more than bf16 at the bf16 rate, at
+the peer's errors on the CPU's emulation of the GPU's arithmetic (``docs/tolerances.md``);
+not yet timed on a GPU, so not the default.
 
 Kernels and launches
 --------------------
@@ -207,7 +211,7 @@ from .. import _library as library
 from .._arch import COMPILE_OPTIONS, launch_options
 from .._gate_levels import (
     LEVELS, gated_operand, gated_prec, level_pairs, next_level_sums, next_level_sums_exclusive, one_product_gates,
-    one_product_spread, right_half, sums_after,
+    one_product_spread, right_half, scaled_half, sums_after,
 )
 from .._sequence import state_slots
 from ..gated_recurrent.inputs import check_gated_inputs
@@ -574,16 +578,29 @@ def _intra_pairs_bwd(d_a, b_q, b_k, b_g, BT: tl.constexpr, BK: tl.constexpr, LEV
         Q = G - b_g if BONUS else G
         e_q = tl.exp(Q)
         e_k = tl.exp(-G)
-        d_a_s = gated_operand(tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0), DOT,
-                              GATED_PREC)
-        k_s = gated_operand(b_k * e_k, DOT, GATED_PREC)
-        q_s = gated_operand(b_q * e_q, DOT, GATED_PREC)
-        to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
-        to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
+        d_a_m = tl.where(tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :], d_a, 0.0)
+        if GATED_PREC == "fp16":
+            # fp16 operands, each tile scaled by a power of two (scaled_half): 3 bits more
+            # than bf16 at the bf16 rate
+            d_a_h, d_a_inv = scaled_half(d_a_m)
+            k_h, k_inv = scaled_half(b_k * e_k)
+            q_h, q_inv = scaled_half(b_q * e_q)
+            to_q = tl.dot(d_a_h, k_h) * (d_a_inv * k_inv)
+            to_k = tl.dot(tl.trans(d_a_h), q_h) * (d_a_inv * q_inv)
+            q_r = q_h.to(tl.float32) * q_inv
+            k_r = k_h.to(tl.float32) * k_inv
+        else:
+            d_a_s = gated_operand(d_a_m, DOT, GATED_PREC)
+            k_s = gated_operand(b_k * e_k, DOT, GATED_PREC)
+            q_s = gated_operand(b_q * e_q, DOT, GATED_PREC)
+            to_q = tl.dot(d_a_s, k_s, input_precision=GATED_PREC)
+            to_k = tl.dot(tl.trans(d_a_s), q_s, input_precision=GATED_PREC)
+            q_r = q_s.to(tl.float32)
+            k_r = k_s.to(tl.float32)
         dq_intra = e_q * to_q
         dk_intra = e_k * to_k
-        q_dq_intra = q_s.to(tl.float32) * to_q
-        k_dk_intra = k_s.to(tl.float32) * to_k
+        q_dq_intra = q_r * to_q
+        k_dk_intra = k_r * to_k
         R = sums_after(b_g, G)
     else:
         dq_intra = tl.zeros([BT, BK], dtype=tl.float32)
@@ -769,7 +786,8 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # 4 warps ran clean there
         # pairs: the input precision of the in-chunk pair products' gate-scaled operands under
         # bf16 work ("tf32": at the peer's errors, docs/tolerances.md; "bf16": 15% less time
-        # in this kernel on the H200, 1.34 against 1.54 ms, chunk_rwkv6 at the bench size)
+        # in this kernel on the H200, 1.34 against 1.54 ms, chunk_rwkv6 at the bench size;
+        # "fp16": scaled fp16 operands, at the peer's errors on the CPU, untimed on a GPU)
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=4 if elt == 4 and BV_full <= 16 else 8,
                     num_stages=1, pairs="bf16"),
         # None: the state pass computes the output on its way (one pass over the chunk
@@ -797,6 +815,18 @@ def _chunk_offsets(offsets_host: torch.Tensor, device) -> torch.Tensor:
         _chunk_offsets_cache.clear()
     _chunk_offsets_cache[key] = (offsets_host, table)
     return table
+
+
+def _pair_prec(pairs: str | None, lay) -> str:
+    """The ``GATED_PREC`` of ``_qkg_bwd``'s one product from the ``qkg`` config's ``pairs``:
+    ``"tf32"`` and ``"fp16"`` (scaled fp16 operands) under bf16 work, the kernel's own
+    precision otherwise (bf16 pairs; fp32 work takes its three-pass tf32 everywhere)."""
+    bf16_work = lay.gated_prec != lay.prec
+    if pairs == "tf32":
+        return lay.gated_prec
+    if pairs == "fp16" and bf16_work:
+        return "fp16"
+    return lay.prec
 
 
 class _Layout:
@@ -916,7 +946,7 @@ def _backward(q, k, v, g, saved, scale, do, dht, lay: _Layout, dh0_dtype: torch.
         scratch = _utils.empty((lay.n_chunks * H * NK, BT, cfg["BK"]), torch.float32, q.device) if through else None
         _qkg_bwd[(lay.n_chunks * H, NK)](
             q, k, v, g, u, do, h_chunks, dh_chunks, dq, dk, dg, du_part, scratch, lay.cu_seqlens, lay.chunk_map,
-            scale, **lay.common(), V=V, GATED_PREC=lay.gated_prec if cfg.get("pairs") == "tf32" else lay.prec,
+            scale, **lay.common(), V=V, GATED_PREC=_pair_prec(cfg.get("pairs"), lay),
             LEVELS=LEVELS, BK=cfg["BK"], BV=cfg["BV"], BONUS=u is not None,
             THROUGH_SCRATCH=through, SPREAD=lay.spread,
             **launch_options(cfg["num_warps"], cfg["num_stages"], cfg.get("maxnreg")),

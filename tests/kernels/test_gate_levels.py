@@ -18,9 +18,12 @@ chunk_kda's prepare and key-gradient kernels, DPLR's ``intra_fwd_kernel`` /
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernels import _gate_levels, chunk_dplr_delta_rule, chunk_gla, chunk_kda, chunk_rwkv6
 from kernels._arch import is_interpreter
@@ -172,3 +175,35 @@ def test_each_program_takes_its_own_form(op, monkeypatch):
         assert error < 2e-6, f"{op} {name}: one product differs from the levels by {error:.2e} (rel)"
         differs |= not torch.equal(one[1], levels[1])
     assert differs, f"{op}: the realistic sequence is bitwise equal to the levels, so it took them too"
+
+
+@triton.jit
+def _scaled_half_kernel(x, h, inv, N: tl.constexpr):
+    o = tl.arange(0, N)
+    half, scale_inv = _gate_levels.scaled_half(tl.load(x + o))
+    tl.store(h + o, half)
+    tl.store(inv + o, scale_inv + tl.zeros([N], tl.float32))
+
+
+@pytest.mark.parametrize("largest", [3.7, 1e6, 1e-30, 0.0, 65504.0 * 2])
+def test_scaled_half_is_fp16_rounding_scaled_by_a_power_of_two(largest):
+    """The pair products' fp16 operands (``pairs="fp16"``): the tile's largest value lands in
+    [2**14, 2**15), the scale is a power of two (exact both ways), and each entry comes back
+    as fp16 rounding of it at that scale: at most 2**-11 of it relative, or an absolute
+    error below 2**-38 of the largest where fp16 runs out of exponent."""
+    device = _device()
+    x = torch.linspace(-1, 1, 64, dtype=torch.float64) * largest
+    x[5], x[6] = largest * 2.0 ** -20, largest * 2.0 ** -45  # a small entry, one past fp16's range
+    x = x.float().to(device)
+    h = torch.empty(64, dtype=torch.float16, device=device)
+    inv = torch.empty(64, dtype=torch.float32, device=device)
+    _scaled_half_kernel[(1,)](x, h, inv, N=64)
+    inv = float(inv[0])
+    assert inv > 0 and math.frexp(inv)[0] == 0.5  # a power of two
+    back = h.double() * inv
+    assert torch.isfinite(back).all()
+    if largest:
+        assert 2 ** 14 <= h.double().abs().max() < 2 ** 15
+    err = (back - x.double()).abs()
+    assert (err <= x.double().abs() * 2.0 ** -11 + abs(largest) * 2.0 ** -38).all(), err.max()
+    assert back[5] != 0 or largest == 0  # 2**-20 of the largest keeps its bits
