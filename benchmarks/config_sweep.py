@@ -207,6 +207,9 @@ VARIANTS["chunk_kda"] = {
     "intra siblings by scratch": _kda(prepare_siblings="scratch"),
     "intra siblings by scratch, 16 warps": _kda(prepare_siblings="scratch", prepare_warps=16),
     "grad siblings by scratch": _kda(grad_siblings="scratch"),
+    # the in-chunk pair products' operands in fp16 scaled by a power of two a tile: the
+    # peer's accuracy on the CPU's emulation (docs/tolerances.md)
+    "grad fp16 pairs": _kda(pairs="fp16"),
     "intra 16 warps": _kda(prepare_warps=16),
     "intra BK 32, 16 warps": _kda(prepare_BK=32, prepare_warps=16),
     "intra BK 32": _kda(prepare_BK=32),

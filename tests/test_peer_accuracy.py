@@ -57,19 +57,27 @@ peer_accuracy.pick_device("cpu")
 import kernels.gla.chunk as chunk
 base = chunk._configs
 chunk._configs = lambda *a: {{**base(*a), "qkg": {{**base(*a)["qkg"], "pairs": {pairs!r}}}}}
+import dataclasses
+import kernels.delta_rule.chunk_kda as kda
+kda_base = kda.kda_configs
+kda.kda_configs = lambda *a: dataclasses.replace(kda_base(*a), pairs={pairs!r})
 sys.exit(peer_accuracy.main({argv!r}))
 """
 
+# the ops whose pair products each config reaches (chunk_kda has no tf32 form)
+PAIR_OPS = {"tf32": ("chunk_rwkv6", "chunk_gla"), "fp16": ("chunk_rwkv6", "chunk_gla", "chunk_kda")}
 
-@pytest.mark.parametrize("pairs", ["tf32", "fp16"])
+
+@pytest.mark.parametrize("pairs", sorted(PAIR_OPS))
 def test_pair_products_bring_the_gated_backward_to_the_peer(tmp_path, pairs):
-    """chunk_gla and chunk_rwkv6's backward with the ``qkg`` config's ``pairs="tf32"`` (tf32
-    operands) or ``"fp16"`` (fp16 operands scaled by a power of two a tile): every tensor
-    within 1.2 times the peer's error (the default, bf16 pairs, is not: docs/tolerances.md)."""
+    """The vector-gated chunked ops' backward with their in-chunk pair products' operands in
+    tf32 (chunk_gla's and chunk_rwkv6's ``qkg`` config, ``pairs="tf32"``) or in fp16 scaled
+    by a power of two a tile (``pairs="fp16"``, chunk_kda's too): every tensor within 1.2
+    times the peer's error (the default, bf16 pairs, is not: docs/tolerances.md)."""
     with open(RECORD) as f:
         dims = json.load(f)["dims"]
     out = tmp_path / f"{pairs}.json"
-    argv = ["--device", "cpu", "--ops", "chunk_rwkv6,chunk_gla", "--peer-from", RECORD, "--json", str(out),
+    argv = ["--device", "cpu", "--ops", ",".join(PAIR_OPS[pairs]), "--peer-from", RECORD, "--json", str(out),
             "--max-ratio", str(AIM), *(f"--{d}={n}" for d, n in dims.items())]
     script = PAIRS.format(root=ROOT, benchmarks=os.path.join(ROOT, "benchmarks"), argv=argv, pairs=pairs)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -79,4 +87,4 @@ def test_pair_products_bring_the_gated_backward_to_the_peer(tmp_path, pairs):
         pytest.skip("this Triton's interpreter could not be given the GPU's bf16 arithmetic: its errors are not the GPU's")
     over = [line for line in done.stdout.splitlines() if line.startswith("over ")]
     assert done.returncode == 0 and not over, f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
-    assert {r["op"] for r in run["rows"]} == {"chunk_rwkv6", "chunk_gla"}
+    assert {r["op"] for r in run["rows"]} == set(PAIR_OPS[pairs])

@@ -98,6 +98,9 @@ class Configs:
     # warps of a gate-level prepare kernel's levels launch (chunk_kda's), where they differ
     # from its one-product launch's (None: prepare_warps)
     prepare_levels_warps: Optional[int] = None
+    # chunk_kda's in-chunk pair products under bf16 work: "bf16" operands, or "fp16" scaled
+    # by a power of two a tile (kernels/delta_rule/chunk_kda_kernels.py, _in_chunk_pair_grads)
+    pairs: str = "bf16"
 
     @property
     def big_state(self) -> bool:
