@@ -382,7 +382,7 @@ def attn_bwd_dkdv_kernel(
         else:
             # one loop that masks every tile: the three inlined loop bodies hold three sets of
             # live tiles, and the dk/dv kernel spills (sm90 bf16 D=128: 828 bytes a thread by
-            # offline ptxas, 164 as one loop)
+            # offline ptxas, 164 as one loop, 32 as one loop over descriptor loads)
             dk_acc, dv_acc = _dkdv_queries(dk_acc, dv_acc, kb, vb, q_blk, do_blk, q_desc, do_desc, desc_row, lse_row,
                                            delta_row, keys, lo, hi, L, window, qk_scale, H * D, H * DV, D, DV, BM, BD,
                                            BDV, True, CAUSAL, HAS_WINDOW, USE_DESC)

@@ -12,7 +12,9 @@ cache), and the file is put back. Outcomes (``docs/design.md``, "Mutation testin
   twice the limit); counted as killed, and said so.
 * ``invalid``: the first failure is Triton refusing the mutated code (a compile error
   natively; under the interpreter its type and shape checks, wrapped in an
-  ``InterpreterError``) before any check could judge a value: not a kill.
+  ``InterpreterError``) before any check could judge a value: not a kill. A finding of the
+  interpreter's access checks (``pytest_fla.sanitizer.interpreter``), wrapped the same way,
+  is a kill.
 * ``survived``: every check passed. ``equivalent`` is a survivor on the kept list.
 """
 

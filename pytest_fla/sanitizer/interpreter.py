@@ -1,4 +1,5 @@
-"""memcheck's out-of-bounds check, on the CPU under Triton's interpreter.
+"""Access checks on the CPU under Triton's interpreter: memcheck's out-of-bounds check, and
+a program's stores to one address in no set order.
 
 compute-sanitizer's memcheck reports a load or store outside every allocation; it needs a
 GPU, and sees a read just past a tensor only with PyTorch's caching allocator off
@@ -101,7 +102,8 @@ def launch_extents(names, args, kwargs) -> list[Extent]:
 
 
 class Launches:
-    """The extents of the launches in progress (the innermost last), and the check."""
+    """The launches in progress (the innermost last) with their arguments' extents, the
+    running program's stores since its last barrier, and the two checks."""
 
     def __init__(self):
         self.stack: list[tuple[str, list[Extent]]] = []
