@@ -322,7 +322,7 @@ def pytest_report_header(config):
                      f"(pytest_fla/targets/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():
         lines.append("fla interpreter memcheck: every load, store and atomic checked against its launch's tensor "
-                     "arguments, every store against its program's unordered earlier ones "
+                     "arguments, every store against its program's unordered earlier ones of other values "
                      f"(pytest_fla/sanitizer/interpreter.py; {interpreter_memcheck.OFF_ENV}=0 turns it off)")
     return lines
 

@@ -23,10 +23,12 @@ The planted faults of ``tests/plugin/faulty_kernels.py`` get the same verdict he
 from the real tool on a GPU (``tests/plugin/test_interpreter_memcheck.py`` beside
 ``tests/plugin/test_gpu_faults.py``).
 
-It also fails a program whose two stores write one address with no barrier between them
-(``UnorderedWrites``): on a GPU two store instructions of a program may be issued by
-different threads, in no set order, so which value lands is a race in global memory
-(racecheck watches shared memory only). The interpreter runs them in program order and the
+It also fails a program whose two stores write one address different values with no
+barrier between them (``UnorderedWrites``): on a GPU two store instructions of a program
+may be issued by different threads, in no set order, so which value lands is a race in
+global memory (racecheck watches shared memory only). Two stores of the same value (a
+scan's carry, written as one chunk's outgoing and the next one's incoming state) leave the
+same memory whichever lands last, and pass. The interpreter runs them in program order and the
 later one always wins, so no value check can see it. Stores are told apart by their call
 chain in the kernel (a helper's store called from two places is two stores); one store
 run again, in a loop, is the same threads' and is not compared with itself.
@@ -115,28 +117,41 @@ class Launches:
         """A new program, or a barrier in this one: what was written before is ordered."""
         self.written = {}
 
-    def check_write_order(self, ptrs, mask) -> None:
+    def check_write_order(self, ptrs, values, mask) -> None:
         if not self.stack or self.suspended:
             return
         import numpy as np
 
         addresses = np.asarray(ptrs, dtype=np.uint64)
+        bits = np.broadcast_to(np.asarray(values), addresses.shape)
+        bits = np.ascontiguousarray(bits).view(f"u{bits.dtype.itemsize}")  # compared bit for bit (NaN too)
         if mask is not None:
-            addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
-        addresses = np.unique(addresses)
+            keep = np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)
+            addresses, bits = addresses[keep], bits[keep]
+        addresses, first = np.unique(addresses, return_index=True)
+        bits = bits.ravel()[first]
         if addresses.size == 0:
             return
         site = _call_chain(self.kernel_code)
-        for other, earlier in self.written.items():
-            if other != site:
-                both = np.intersect1d(addresses, earlier, assume_unique=True)
-                if both.size:
-                    raise UnorderedWrites(
-                        f"{self.stack[-1][0]}{_program()}: {both.size} element(s) written by two stores with no "
-                        f"barrier between them, whose order a GPU does not keep (different threads may issue "
-                        f"them): first at {_describe_chain(other)}, then at {_describe_chain(site)}")
+        for other, (earlier, earlier_bits) in self.written.items():
+            if other == site:
+                continue
+            both, here, there = np.intersect1d(addresses, earlier, assume_unique=True, return_indices=True)
+            # the same value from both is the same memory whichever lands last
+            differ = bits[here] != earlier_bits[there].astype(bits.dtype)
+            if differ.any():
+                raise UnorderedWrites(
+                    f"{self.stack[-1][0]}{_program()}: {int(differ.sum())} element(s) written different values by "
+                    f"two stores with no barrier between them, whose order a GPU does not keep (different threads "
+                    f"may issue them): first at {_describe_chain(other)}, then at {_describe_chain(site)}")
         before = self.written.get(site)
-        self.written[site] = addresses if before is None else np.union1d(before, addresses)
+        if before is None:
+            self.written[site] = (addresses, bits)
+        else:  # this store's latest values where it wrote an address again (a loop)
+            merged = np.concatenate([addresses, before[0]])
+            merged_bits = np.concatenate([bits, before[1].astype(bits.dtype)])
+            kept, at = np.unique(merged, return_index=True)
+            self.written[site] = (kept, merged_bits[at])
 
     def check(self, op: str, ptrs, mask, element_bytes: int) -> None:
         if not self.stack or self.suspended:
@@ -312,7 +327,7 @@ def install() -> bool:
 
     def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
         LAUNCHES.check("write", ptrs.data, mask.data, _element_bytes(ptrs))
-        LAUNCHES.check_write_order(ptrs.data, mask.data)
+        LAUNCHES.check_write_order(ptrs.data, value.data, mask.data)
         return masked_store(self, ptrs, value, mask, *args, **kwargs)
 
     def set_grid_idx(self, *args, **kwargs):

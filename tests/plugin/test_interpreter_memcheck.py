@@ -152,13 +152,32 @@ def test_two_stores_of_one_address_with_no_barrier_between_fail():
     with pytest.raises(Exception) as found:
         fk.overlapping_stores(x)
     message = str(found.value)
-    assert "UnorderedWrites" in message and "overlapping_stores_kernel (program (7, 0, 0)): 1 element(s) written by " \
-        "two stores with no barrier between them" in message
+    assert "UnorderedWrites" in message and "overlapping_stores_kernel (program (7, 0, 0)): 1 element(s) written " \
+        "different values by two stores with no barrier between them" in message
     assert "tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=head) * 0.0" in message
     assert "tl.store(y_ptr + last, tl.load(x_ptr + last)" in message
     with memcheck.suspended():  # what a plain run sees: the later store's right value
         y = fk.overlapping_stores(x)
     assert torch.equal(y[:-1], torch.zeros(999)) and y[-1] == 999
+
+
+@needs_interpreter
+def test_two_stores_of_the_same_value_pass():
+    """A scan's carry written as one chunk's outgoing and the next one's incoming state: the
+    same memory whichever store lands last (chunk_hgrn's ``_scan_chunk_maps``)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def carry_twice(y, B: tl.constexpr):
+        o = tl.arange(0, B)
+        h = tl.cumsum(o.to(tl.float32), axis=0)
+        tl.store(y + o + 1, h, mask=o < B - 1)  # each row's state into the next slot
+        tl.store(y + 1 + tl.arange(0, 1), tl.sum(tl.where(o == 0, h, 0.0)) + tl.zeros([1], tl.float32))
+
+    y = torch.zeros(9)
+    carry_twice[(1,)](y, B=8)
+    assert y[1] == 0 and y[2] == 1
 
 
 @needs_interpreter
@@ -180,7 +199,7 @@ def test_a_store_rerun_in_a_loop_or_after_a_barrier_is_ordered():
     assert torch.equal(y, torch.arange(8.0))
     import faulty_kernels as fk
 
-    with pytest.raises(Exception, match="written by two stores .* \\(called at line"):
+    with pytest.raises(Exception, match="written different values by two stores .* \\(called at line"):
         fk.helper_stores_twice(y)
 
 
