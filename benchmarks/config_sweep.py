@@ -136,9 +136,8 @@ VARIANTS = {
         "qkg tf32 pairs, BV 32": _gla(qkg={"pairs": "tf32", "BV": 32}),
         "qkg tf32 pairs, BK 32": _gla(qkg={"pairs": "tf32", "BK": 32}),
         "qkg tf32 pairs, 4 warps": _gla(qkg={"pairs": "tf32", "num_warps": 4}),
-        # fp16 operands scaled by a power of two a tile (kernels._gate_levels.scaled_half):
-        # the peer's accuracy at the bf16 rate, on the CPU's emulation
-        "qkg fp16 pairs": _gla(qkg={"pairs": "fp16"}),
+        # the default's fp16 operands (scaled a tile) against the bf16 ones before them
+        "qkg bf16 pairs (before)": _gla(qkg={"pairs": "bf16"}),
         "qkg fp16 pairs, siblings by scratch": _gla(qkg={"pairs": "fp16", "siblings": "scratch"}),
     },
     "fused_recurrent_gla": {
@@ -207,9 +206,10 @@ VARIANTS["chunk_kda"] = {
     "intra siblings by scratch": _kda(prepare_siblings="scratch"),
     "intra siblings by scratch, 16 warps": _kda(prepare_siblings="scratch", prepare_warps=16),
     "grad siblings by scratch": _kda(grad_siblings="scratch"),
-    # the in-chunk pair products' operands in fp16 scaled by a power of two a tile: the
-    # peer's accuracy on the CPU's emulation (docs/tolerances.md)
+    # the in-chunk pair products' operands: the default's fp16 for the score products only,
+    # against fp16 for all four and the bf16 before (docs/tolerances.md)
     "grad fp16 pairs": _kda(pairs="fp16"),
+    "grad bf16 pairs (before)": _kda(pairs="bf16"),
     "intra 16 warps": _kda(prepare_warps=16),
     "intra BK 32, 16 warps": _kda(prepare_BK=32, prepare_warps=16),
     "intra BK 32": _kda(prepare_BK=32),
@@ -396,7 +396,7 @@ for _op in ("chunk_gla", "chunk_rwkv6", "chunk_kda", "chunk_dplr_delta_rule"):
 # chunk_rwkv6 runs chunk_gla's kernels: the pair-precision variants time it too (its bonus
 # row makes its backward the heavier)
 VARIANTS["chunk_rwkv6"].update({label: v for label, v in VARIANTS["chunk_gla"].items()
-                                if label.startswith(("qkg tf32", "qkg fp16"))})
+                                if label.startswith(("qkg tf32", "qkg fp16", "qkg bf16"))})
 
 
 def _more_programs(partials_module, factor: int):

@@ -23,6 +23,7 @@ CHUNKED = ("chunk_dplr_delta_rule", "chunk_rwkv7", "chunk_kda", "chunk_rwkv6", "
            "chunk_gated_delta_rule", "chunk_simple_gla", "chunk_retention", "chunk_linear_attn", "chunk_hgrn",
            "parallel_attn")
 AIM = 1.2  # times the peer's error (docs/tolerances.md)
+FLOOR = 1e-4  # errors under it count as it on both sides (peer_accuracy.py --floor)
 
 
 def test_no_chunked_op_loses_accuracy_against_the_peer(tmp_path):
@@ -64,27 +65,42 @@ kda.kda_configs = lambda *a: dataclasses.replace(kda_base(*a), pairs={pairs!r})
 sys.exit(peer_accuracy.main({argv!r}))
 """
 
-# the ops whose pair products each config reaches (chunk_kda has no tf32 form)
-PAIR_OPS = {"tf32": ("chunk_rwkv6", "chunk_gla"), "fp16": ("chunk_rwkv6", "chunk_gla", "chunk_kda")}
+# Each form of the in-chunk pair products' operands (the gla kernels' ``qkg`` config's
+# ``pairs``, chunk_kda's ``Configs.pairs``; one string sets both), the ops it reaches and
+# whether their errors are within the aim. The defaults ("fp16" for the gla kernels, "fp16
+# scores" for chunk_kda) are held by the test above; "bf16", the form before them, must be
+# over it: the check sees the gap they closed.
+PAIR_FORMS = {
+    "tf32": (("chunk_rwkv6", "chunk_gla"), True),
+    "fp16": (("chunk_kda",), True),  # all four of its products, where the default scales two
+    "bf16": (("chunk_rwkv6", "chunk_gla", "chunk_kda"), False),
+}
 
 
-@pytest.mark.parametrize("pairs", sorted(PAIR_OPS))
-def test_pair_products_bring_the_gated_backward_to_the_peer(tmp_path, pairs):
+@pytest.mark.parametrize("pairs", sorted(PAIR_FORMS))
+def test_pair_product_forms_against_the_peer(tmp_path, pairs):
     """The vector-gated chunked ops' backward with their in-chunk pair products' operands in
-    tf32 (chunk_gla's and chunk_rwkv6's ``qkg`` config, ``pairs="tf32"``) or in fp16 scaled
-    by a power of two a tile (``pairs="fp16"``, chunk_kda's too): every tensor within 1.2
-    times the peer's error (the default, bf16 pairs, is not: docs/tolerances.md)."""
+    tf32, in fp16 scaled by a power of two a tile, or in bf16: the first two keep every
+    tensor within 1.2 times the peer's error, bf16 does not (``dq``, ``dk`` and the gate
+    gradient: docs/tolerances.md)."""
+    ops, within = PAIR_FORMS[pairs]
     with open(RECORD) as f:
         dims = json.load(f)["dims"]
     out = tmp_path / f"{pairs}.json"
-    argv = ["--device", "cpu", "--ops", ",".join(PAIR_OPS[pairs]), "--peer-from", RECORD, "--json", str(out),
+    argv = ["--device", "cpu", "--ops", ",".join(ops), "--peer-from", RECORD, "--json", str(out),
             "--max-ratio", str(AIM), *(f"--{d}={n}" for d, n in dims.items())]
     script = PAIRS.format(root=ROOT, benchmarks=os.path.join(ROOT, "benchmarks"), argv=argv, pairs=pairs)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert out.exists(), f"peer_accuracy.py wrote nothing (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     with open(out) as f:
         run = json.load(f)
     if not run["gpu_bf16_emulated"]:
         pytest.skip("this Triton's interpreter could not be given the GPU's bf16 arithmetic: its errors are not the GPU's")
-    over = [line for line in done.stdout.splitlines() if line.startswith("over ")]
-    assert done.returncode == 0 and not over, f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
-    assert {r["op"] for r in run["rows"]} == set(PAIR_OPS[pairs])
+    assert {r["op"] for r in run["rows"]} == set(ops) and not run["failed"], run["failed"]
+    over = {(r["op"], r["tensor"]) for r in run["rows"]
+            if r.get("peer") and max(r["ours"], FLOOR) > AIM * max(r["peer"], FLOOR)}
+    if within:
+        assert done.returncode == 0 and not over, f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-2000:]}"
+    else:
+        gradients = {"chunk_gla": "dg", "chunk_rwkv6": "dw", "chunk_kda": "dg"}
+        assert set(gradients.items()) <= over, f"bf16 pairs within the aim where they were not: over it only {sorted(over)}"

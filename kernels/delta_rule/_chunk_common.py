@@ -98,9 +98,10 @@ class Configs:
     # warps of a gate-level prepare kernel's levels launch (chunk_kda's), where they differ
     # from its one-product launch's (None: prepare_warps)
     prepare_levels_warps: Optional[int] = None
-    # chunk_kda's in-chunk pair products under bf16 work: "bf16" operands, or "fp16" scaled
-    # by a power of two a tile (kernels/delta_rule/chunk_kda_kernels.py, _in_chunk_pair_grads)
-    pairs: str = "bf16"
+    # chunk_kda's in-chunk pair products under bf16 work: "bf16" operands, or fp16 ones scaled
+    # by a power of two a tile, for the score gradient's products ("fp16 scores") or all
+    # ("fp16") (kernels/delta_rule/chunk_kda_kernels.py, _in_chunk_pair_grads)
+    pairs: str = "fp16 scores"
 
     @property
     def big_state(self) -> bool:

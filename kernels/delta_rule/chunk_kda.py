@@ -248,7 +248,7 @@ def kda_bwd(q, k, v, g, beta, scale, initial_state, do, dht, cu_seqlens, chunk_m
             q, k, g, beta, saved["L"], h, dh, saved["vn"], dvn, do, saved["rq"], saved["rk"], dPs, dA,
             dq_heads, dk_heads, dg, scratch, cu_seqlens, chunk_map, T, scale,
             BK=BK, LEVELS=LEVELS, THROUGH_SCRATCH=through, SPREAD=one_product_spread(work),
-            PAIRS_FP16=cfg.pairs == "fp16" and work == torch.bfloat16, **common,
+            PAIRS=cfg.pairs if work == torch.bfloat16 else "bf16", **common,
             **launch_options(cfg.grad_warps, 1, cfg.grad_maxnreg),
         )
     if direct:

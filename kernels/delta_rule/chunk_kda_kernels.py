@@ -240,7 +240,7 @@ def _pair_products(d_P, d_A, k_left, q_right, kb_right):
 @triton.jit
 def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, BK: tl.constexpr,
                          LEVELS: tl.constexpr, WT: tl.constexpr, scratch, THROUGH_SCRATCH: tl.constexpr,
-                         SPREAD: tl.constexpr, PAIRS_FP16: tl.constexpr):
+                         SPREAD: tl.constexpr, PAIRS: tl.constexpr):
     """The in-chunk pairs i > j, in one product where the gates allow it and level by
     level otherwise, for P (q_i, k_j) and A (k_i, k_j): the row
     side (rows i, factor e^{L}) and the column side (rows j, factor e^{R}). Returns their
@@ -252,28 +252,43 @@ def _in_chunk_pair_grads(b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT: tl.constexpr, B
     same number, and the pairs on one side of a row cancel exactly in dg's reverse cumsum;
     formed from q, k, each pair left the difference of two operand roundings in dg. The
     levels (strong decay) form them from q, k after the loop (see the comment there).
-    ``PAIRS_FP16`` (bf16 work): the one product's five operands in fp16, each tile scaled
-    by a power of two (``scaled_half``), where bf16 operands carried the gate-scaled values'
-    roundings into dq, dk and dg."""
+    ``PAIRS`` (bf16 work): ``"bf16"`` operands, or fp16 ones, each tile scaled by a power
+    of two (``scaled_half``), for the score gradient's two products (``"fp16 scores"``: dPs,
+    ``k e^{-G}``, ``q e^{G}``) or for all four (``"fp16"``). bf16 operands carry the
+    gate-scaled values' roundings into dq, dk and dg; those of the score products weigh
+    (chunk_kda's ``dg`` 1.23 -> 1.08 times the peer's error with either fp16 form, CPU
+    emulation), A's products' do not, and each scaled tile costs a tile-wide reduction."""
     G, one_product = one_product_gates(b_g, SPREAD)
     if one_product:
         # every |G| <= SPREAD: all pairs in one product per term, rows e^{G}, columns e^{-G}
         row_factor = tl.exp(G)
         col_factor = tl.exp(-G)
         strict = tl.arange(0, BT)[:, None] > tl.arange(0, BT)[None, :]
-        if PAIRS_FP16:
+        if PAIRS != "bf16":
             # (names of their own: the levels' branch holds bf16 tiles under the same names)
             h_P, i_P = scaled_half(tl.where(strict, b_dPs.to(tl.float32), 0.0))
-            h_A, i_A = scaled_half(tl.where(strict, b_dA.to(tl.float32), 0.0))
             h_kl, i_kl = scaled_half(b_k * col_factor)
             h_qr, i_qr = scaled_half(b_q * row_factor)
-            h_kb, i_kb = scaled_half(b_k * (b_beta[:, None] * row_factor))
             to_q_P = tl.dot(h_P, h_kl) * (i_P * i_kl)
             to_k_P = tl.dot(tl.trans(h_P), h_qr) * (i_P * i_qr)
-            to_k_Arow = tl.dot(h_A, h_kl) * (i_A * i_kl)
-            to_k_Acol = tl.dot(tl.trans(h_A), h_kb) * (i_A * i_kb)
-            dG_pairs = (h_qr.to(tl.float32) * i_qr * to_q_P + h_kb.to(tl.float32) * i_kb * to_k_Arow
-                        - h_kl.to(tl.float32) * i_kl * (to_k_P + to_k_Acol))
+            kl_P = h_kl.to(tl.float32) * i_kl  # the operands as rounded, for dG
+            if PAIRS == "fp16":
+                h_A, i_A = scaled_half(tl.where(strict, b_dA.to(tl.float32), 0.0))
+                h_kb, i_kb = scaled_half(b_k * (b_beta[:, None] * row_factor))
+                to_k_Arow = tl.dot(h_A, h_kl) * (i_A * i_kl)
+                to_k_Acol = tl.dot(tl.trans(h_A), h_kb) * (i_A * i_kb)
+                kl_A = kl_P
+                kb_A = h_kb.to(tl.float32) * i_kb
+            else:
+                k_left = (b_k * col_factor).to(WT)
+                kb_right = (b_k * (b_beta[:, None] * row_factor)).to(WT)
+                d_A = tl.where(strict, b_dA, 0.0).to(WT)
+                to_k_Arow = mm(d_A, k_left)
+                to_k_Acol = mm(tl.trans(d_A), kb_right)
+                kl_A = k_left.to(tl.float32)
+                kb_A = kb_right.to(tl.float32)
+            dG_pairs = (h_qr.to(tl.float32) * i_qr * to_q_P + kb_A * to_k_Arow
+                        - kl_P * to_k_P - kl_A * to_k_Acol)
         else:
             d_P = tl.where(strict, b_dPs, 0.0).to(WT)
             d_A = tl.where(strict, b_dA, 0.0).to(WT)
@@ -323,7 +338,7 @@ def kda_grad_keys_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LEVELS: tl.constexpr,
     L2NORM: tl.constexpr, IS_VARLEN: tl.constexpr, THROUGH_SCRATCH: tl.constexpr, SPREAD: tl.constexpr,
-    PAIRS_FP16: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """One program per (chunk, value head, key block): dq, dk with respect to the
     (normalised) q, k of the recurrence, and dg. A key block per program, as GLA's
@@ -363,7 +378,7 @@ def kda_grad_keys_kernel(
     b_g = rows_tile(g + g_base, n_valid, HV * K, K, i_k * BK, BT, BK).to(tl.float32)
 
     dq_P, dk_P, dk_Arow, dk_Acol, dG_pairs, b_L, b_R = _in_chunk_pair_grads(
-        b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK, LEVELS, WT, scratch, THROUGH_SCRATCH, SPREAD, PAIRS_FP16)
+        b_q, b_k, b_g, b_beta, b_dPs, b_dA, BT, BK, LEVELS, WT, scratch, THROUGH_SCRATCH, SPREAD, PAIRS)
     # L = G, R = G_C - G
     b_eG = tl.exp(b_L)
     dq_inter = b_dqh * b_eG * scale

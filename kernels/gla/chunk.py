@@ -155,18 +155,18 @@ ptxas, sm90). ``A`` itself is stored in bf16 for the output's ``A v``; for the b
 ``A^T do`` (``dv``) its rounding error is stored beside it, ``A_lo = bf16(A - bf16(A))``,
 and ``dv`` takes both (one product more in the state pass). Those two changes brought
 chunk_rwkv6's ``o`` and ``dv`` errors to the peer library's (``docs/tolerances.md``). The
-backward's pair products (``dA`` with the gated ``k``, ``q``) keep bf16 operands by
-default: all three operands' roundings weigh about the same in ``dq``, ``dk`` and the gate
-gradient (each kept in fp32 alone took chunk_rwkv6's ``dw`` from 2.64e-3 to 2.25e-3, all three to
-1.06e-3), so nothing short of tf32 operands (the ``qkg`` config's ``pairs="tf32"``) brings them
-to the peer's, and tf32 took ``_qkg_bwd`` from 1.34 to 1.54 ms (H200, B=4 T=4096 H=16 K=V=128),
-a loss of speed the accuracy did not buy: at its best block shape (sibling totals through a
-scratch tile) forward+backward was still 1.941 against 1.799 ms for chunk_gla and 2.279
-against 2.082 for chunk_rwkv6, 8-10% slower (``benchmarks/results/sweeps/gla_tf32_pairs_h200.json``).
-``pairs="fp16"`` takes the three operands in fp16, each tile scaled by a power of two
-(``kernels._gate_levels.scaled_half``): 3 fraction bits more than bf16 at the bf16 rate, at
-the peer's errors on the CPU's emulation of the GPU's arithmetic (``docs/tolerances.md``);
-not yet timed on a GPU, so not the default.
+backward's pair products (``dA`` with the gated ``k``, ``q``) took bf16 operands, and all
+three operands' roundings weighed about the same in ``dq``, ``dk`` and the gate gradient
+(each kept in fp32 alone took chunk_rwkv6's ``dw`` from 2.64e-3 to 2.25e-3, all three to
+1.06e-3): 1.4-2.2 times the peer's error. They go in as fp16, each tile scaled by a power
+of two (the ``qkg`` config's ``pairs="fp16"``, ``kernels._gate_levels.scaled_half``): 3
+fraction bits more than bf16 at the bf16 rate, at or under the peer's errors on the H200
+(chunk_gla ``dq``, ``dk``, ``dg`` 0.99, 0.99, 0.98 of them; chunk_rwkv6 ``dr``, ``dk``, ``dw``
+1.00, 1.00, 0.91) for 1.2-1.4% more forward+backward time there (1.814 against 1.793 ms,
+2.105 against 2.075, B=4 T=4096 H=16 K=V=128:
+``benchmarks/results/sweeps/gated_pairs_fp16_h200.json``). ``pairs="tf32"`` reaches the same
+errors 8-10% slower (``_qkg_bwd`` 1.34 -> 1.54 ms, ``sweeps/gla_tf32_pairs_h200.json``);
+``pairs="bf16"`` is the previous form.
 
 Kernels and launches
 --------------------
@@ -785,11 +785,12 @@ def _configs(K: int, V: int, dtype: torch.dtype) -> dict:
         # on sm90 (Triton 3.6, memcheck: _value_contractions' loads);
         # 4 warps ran clean there
         # pairs: the input precision of the in-chunk pair products' gate-scaled operands under
-        # bf16 work ("tf32": at the peer's errors, docs/tolerances.md; "bf16": 15% less time
-        # in this kernel on the H200, 1.34 against 1.54 ms, chunk_rwkv6 at the bench size;
-        # "fp16": scaled fp16 operands, at the peer's errors on the CPU, untimed on a GPU)
+        # bf16 work: "fp16" scaled a tile, at the peer's errors for 2% more time in this
+        # kernel on the H200 (1.107 against 1.085 ms, chunk_gla at the bench size); "tf32"
+        # the same errors at 15% more (1.54 against 1.34, chunk_rwkv6); "bf16" 1.4-2.2
+        # times the peer's errors (docs/tolerances.md)
         "qkg": dict(BK=min(BK, 64), BV=min(BV_full, 64), num_warps=4 if elt == 4 and BV_full <= 16 else 8,
-                    num_stages=1, pairs="bf16"),
+                    num_stages=1, pairs="fp16"),
         # None: the state pass computes the output on its way (one pass over the chunk
         # operands). A dict: the state pass keeps to the recurrence and stores every chunk
         # state, and _output_fwd computes the output with these block sizes, all chunks in
