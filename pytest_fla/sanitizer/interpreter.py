@@ -117,19 +117,16 @@ class Launches:
         """A new program, or a barrier in this one: what was written before is ordered."""
         self.written = {}
 
-    def check_write_order(self, ptrs, values, mask) -> None:
-        if not self.stack or self.suspended:
-            return
+    def active(self) -> bool:
+        """Whether the access being made is to be checked (in a launch, not suspended)."""
+        return bool(self.stack) and not self.suspended
+
+    def check_write_order(self, addresses, bits) -> None:
+        """``addresses``, ``bits``: a store's masked-in lanes (:func:`lanes`)."""
         import numpy as np
 
-        addresses = np.asarray(ptrs, dtype=np.uint64)
-        bits = np.broadcast_to(np.asarray(values), addresses.shape)
-        bits = np.ascontiguousarray(bits).view(f"u{bits.dtype.itemsize}")  # compared bit for bit (NaN too)
-        if mask is not None:
-            keep = np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)
-            addresses, bits = addresses[keep], bits[keep]
         addresses, first = np.unique(addresses, return_index=True)
-        bits = bits.ravel()[first]
+        bits = bits[first]
         if addresses.size == 0:
             return
         site = _call_chain(self.kernel_code)
@@ -153,18 +150,13 @@ class Launches:
             kept, at = np.unique(merged, return_index=True)
             self.written[site] = (kept, merged_bits[at])
 
-    def check(self, op: str, ptrs, mask, element_bytes: int) -> None:
-        if not self.stack or self.suspended:
-            return
+    def check(self, op: str, addresses, element_bytes: int) -> None:
+        """``addresses``: an access's masked-in lanes (:func:`lanes`)."""
         import numpy as np  # here: the plugin loads this module on controllers without numpy
 
         kernel, extents = self.stack[-1]
         if extents is None:  # the launch's arguments were never seen: nothing to check against
             return
-        addresses = np.asarray(ptrs, dtype=np.uint64)
-        if mask is not None:
-            addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)]
-        addresses = addresses.ravel()
         if addresses.size == 0:
             return
         starts, ends = _merged(extents)
@@ -191,6 +183,21 @@ class Launches:
                      else f"; the lowest, {first - near.end} bytes past the end of {near.what}")
         return (f"{kernel}{_program()}: {op} of {outside.size} element(s) of {element_bytes} bytes outside every "
                 f"tensor argument{where}{_source_line()}")
+
+
+def lanes(ptrs, mask, values=None):
+    """An access's masked-in lanes, flat: their addresses (uint64) and, given the stored
+    ``values``, those values' bits (compared bit for bit, NaN included)."""
+    import numpy as np
+
+    addresses = np.asarray(ptrs, dtype=np.uint64)
+    keep = None if mask is None else np.broadcast_to(np.asarray(mask, dtype=bool), addresses.shape)
+    flat = addresses.ravel() if keep is None else addresses[keep]
+    if values is None:
+        return flat
+    bits = np.ascontiguousarray(np.broadcast_to(np.asarray(values), addresses.shape))
+    bits = bits.view(f"u{bits.dtype.itemsize}")
+    return flat, (bits.ravel() if keep is None else bits[keep])
 
 
 def _merged(extents: list[Extent]):
@@ -224,33 +231,30 @@ def _program() -> str:
     return f" (program {tuple(int(i) for i in idx)})" if idx is not None else ""
 
 
-def _source_line() -> str:
-    """`` at file:line: source`` of the innermost frame outside Triton and this module: the
-    kernel's (or its helper's) load or store."""
-    import linecache
-
+def _frames_outside():
+    """``(path, line, code)`` of the calling frames outside Triton and this module,
+    innermost first: the kernel's (or its helpers') lines."""
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
         if f"{os.sep}triton{os.sep}" not in path and path != __file__:
-            line = linecache.getline(path, frame.f_lineno).strip()
-            return f" at {path}:{frame.f_lineno}: {line}"
+            yield path, frame.f_lineno, frame.f_code
         frame = frame.f_back
-    return ""
+
+
+def _source_line() -> str:
+    """`` at file:line: source`` of the access: the innermost frame outside Triton."""
+    frame = next(_frames_outside(), None)
+    return f" at {_describe_chain((frame[:2],))}" if frame else ""
 
 
 def _call_chain(kernel_code) -> tuple:
-    """``((path, line), ...)`` of the frames outside Triton and this module, from the
-    innermost (the store) out to the kernel's own frame."""
+    """``((path, line), ...)`` from the store out to the kernel's own frame."""
     chain = []
-    frame = sys._getframe(2)
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if f"{os.sep}triton{os.sep}" not in path and path != __file__:
-            chain.append((path, frame.f_lineno))
-            if frame.f_code is kernel_code:
-                break
-        frame = frame.f_back
+    for path, line, code in _frames_outside():
+        chain.append((path, line))
+        if code is kernel_code:
+            break
     return tuple(chain)
 
 
@@ -322,12 +326,15 @@ def install() -> bool:
     atomic_rmw, atomic_cas = builder.create_atomic_rmw, builder.create_atomic_cas
 
     def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
-        LAUNCHES.check("read", ptrs.data, mask.data, _element_bytes(ptrs))
+        if LAUNCHES.active():
+            LAUNCHES.check("read", lanes(ptrs.data, mask.data), _element_bytes(ptrs))
         return masked_load(self, ptrs, mask, other, *args, **kwargs)
 
     def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
-        LAUNCHES.check("write", ptrs.data, mask.data, _element_bytes(ptrs))
-        LAUNCHES.check_write_order(ptrs.data, value.data, mask.data)
+        if LAUNCHES.active():
+            addresses, bits = lanes(ptrs.data, mask.data, value.data)
+            LAUNCHES.check("write", addresses, _element_bytes(ptrs))
+            LAUNCHES.check_write_order(addresses, bits)
         return masked_store(self, ptrs, value, mask, *args, **kwargs)
 
     def set_grid_idx(self, *args, **kwargs):
@@ -339,11 +346,13 @@ def install() -> bool:
         return barrier(self, *args, **kwargs)
 
     def create_atomic_rmw(self, rmw_op, ptr, val, mask, *args, **kwargs):
-        LAUNCHES.check("atomic", ptr.data, mask.data, _element_bytes(ptr))
+        if LAUNCHES.active():
+            LAUNCHES.check("atomic", lanes(ptr.data, mask.data), _element_bytes(ptr))
         return atomic_rmw(self, rmw_op, ptr, val, mask, *args, **kwargs)
 
     def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
-        LAUNCHES.check("atomic", ptr.data, None, _element_bytes(ptr))
+        if LAUNCHES.active():
+            LAUNCHES.check("atomic", lanes(ptr.data, None), _element_bytes(ptr))
         return atomic_cas(self, ptr, cmp, val, *args, **kwargs)
 
     builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
