@@ -124,6 +124,13 @@ def pytest_addoption(parser):
         "its GPU dims: narrow heads and masked block edges, where GPU-only faults show (FLA_SMALL_SHAPES=1)",
     )
     group.addoption(
+        "--fla-bf16-emulated",
+        action="store_true",
+        help="under the interpreter, check bf16 too, with the GPU's bf16 arithmetic patched into it "
+        "(pytest_fla/targets/interpreter_bf16.py: rounded conversions, float32-accumulated dots); by "
+        "default bf16 is checked on the GPU only, the interpreter's own bf16 being wrong",
+    )
+    group.addoption(
         "--fla-isolate",
         choices=ISOLATE_CHOICES,
         default=None,
@@ -271,6 +278,12 @@ def pytest_configure(config):
     if is_interpreter():
         interpreter.skip_repeated_patching()
         interpreter_memcheck.install()
+        if config.option.fla_bf16_emulated:
+            from .targets import interpreter_bf16
+
+            if not interpreter_bf16.install():
+                raise pytest.UsageError("--fla-bf16-emulated: this Triton's interpreter has not the shape "
+                                        "pytest_fla/targets/interpreter_bf16.py patches (Triton 3.6 to 3.9 have it)")
     if state.target is not None and state.target.mode == targets.EMULATED:
         from .targets.emulation import enforce_shared_memory_limit
 
@@ -320,6 +333,9 @@ def pytest_report_header(config):
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
                      f"(pytest_fla/targets/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
+    if any(t.mode == targets.INTERPRETER for t in state.targets) and config.option.fla_bf16_emulated:
+        lines.append("fla interpreter bf16: checked, with the GPU's bf16 arithmetic patched in "
+                     "(pytest_fla/targets/interpreter_bf16.py; --fla-bf16-emulated)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():
         lines.append("fla interpreter memcheck: every load, store and atomic checked against its launch's tensor "
                      "arguments, every store against its program's unordered earlier ones of other values "

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import plan, report
-from .runner import Workspace, conformance_modules, make_workspaces, stop_children
+from .runner import DEVICE_OPTIONS, Workspace, conformance_modules, make_workspaces, stop_children
 from .sites import Mutant, mutants_of
 
 DEFAULT_MAX_PER_OP = 12
@@ -285,7 +285,7 @@ def _discover(workspace: Workspace, tests: list[str], device: str, ops: str) -> 
            "FLA_MUTATION_ROOT": str(workspace.path)}
     if device == "cuda":
         env["TRITON_ALWAYS_COMPILE"] = "1"  # the code generator must visit every kernel
-    args = [*tests, "--collect-only", "-q"] + ([f"--fla-ops={ops}"] if ops else [])
+    args = [*tests, "--collect-only", "-q", *DEVICE_OPTIONS[device]] + ([f"--fla-ops={ops}"] if ops else [])
     code, seconds, tail = workspace.pytest(args, device, env, None)
     if code != 0 or not out.exists():
         raise SystemExit(f"mutate: finding the ops' kernels failed (pytest exited with {code}):\n{tail}")

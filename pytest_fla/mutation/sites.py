@@ -167,6 +167,7 @@ def reached_by(spec, device, root: Path) -> dict[str, list[int]]:
 
     from ..checks.generic import differentiable, run_with_grads
     from ..ops.packings import packings
+    from ..running.devices import dtype_skip_reason
 
     recorder = interpreted_lines if os.environ.get("TRITON_INTERPRET") == "1" else compiled_lines
     samples = []
@@ -175,14 +176,18 @@ def reached_by(spec, device, root: Path) -> dict[str, list[int]]:
     if spec.varlen:
         edges = next(p for p in packings(spec.chunk_size or 16) if p.name == "chunk_edges")
         samples.append((spec.cases[0], edges.lengths, bool(spec.grads)))
+    # fp32, and bf16 where it is checked here (the GPU; the CPU under --fla-bf16-emulated):
+    # code under a bf16-only branch (the work dtype's product precision) is reached by it alone
+    dtypes = ["fp32"] + (["bf16"] if dtype_skip_reason("bf16", device) is None else [])
     with recorder(root) as hits:
         for case, lengths, backward in samples:
-            sample = spec.sample(case, "fp32", device, seed=0, lengths=lengths)
-            if backward:
-                run_with_grads(spec.op_fn, sample, differentiable(spec, sample))
-            else:
-                with torch.no_grad():
-                    spec.call(sample)
+            for dtype in dtypes:
+                sample = spec.sample(case, dtype, device, seed=0, lengths=lengths)
+                if backward:
+                    run_with_grads(spec.op_fn, sample, differentiable(spec, sample))
+                else:
+                    with torch.no_grad():
+                        spec.call(sample)
     resolved = root.resolve()
     relative = {}
     for name, lines in hits.items():

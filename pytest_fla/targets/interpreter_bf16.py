@@ -11,8 +11,9 @@ same way, and rounds float32 -> bf16 conversions toward zero (``pytest_fla.toolc
 * a float32 -> bf16 conversion: round to nearest even (``.to(tl.bfloat16)``'s default);
 * elementwise bf16 arithmetic: computed in float32 and rounded once to bf16.
 
-It is a measuring aid (``benchmarks/peer_accuracy.py`` on the CPU), not a check of the
-conformance suite: the suite's bf16 skip on the CPU stays. ``install`` also sets
+It is a measuring aid (``benchmarks/peer_accuracy.py`` on the CPU) and, asked for
+(``--fla-bf16-emulated``), lets the suite check bf16 on the CPU: by default the suite
+skips bf16 there and checks it on the GPU. ``install`` also sets
 ``FLA_INTERPRETER_BF16=1``, which makes kernels that feed the interpreter float32
 operands in place of bf16 ones (``kernels._arch.interpreter_dots_exact``) feed bf16 as
 on a GPU, so their operand roundings are measured too.
@@ -25,6 +26,7 @@ import os
 import numpy as np
 
 ENV = "FLA_INTERPRETER_BF16"
+INSTALLED = False  # in this process (``toolchain.interpreter_skip_reason`` reads it)
 
 
 def to_float32(bits: np.ndarray) -> np.ndarray:
@@ -53,7 +55,9 @@ def install() -> bool:
     needed = ("create_dot", "cast_impl", "create_fp_to_fp", "binary_op")
     if builder is None or handle is None or not all(hasattr(builder, n) for n in needed):
         return False
+    global INSTALLED
     if getattr(builder.create_dot, "fla_bf16", False):
+        INSTALLED = True
         return True
     bf16 = tl.bfloat16
     original_dot, original_cast = builder.create_dot, builder.cast_impl
@@ -91,4 +95,5 @@ def install() -> bool:
     builder.create_dot, builder.cast_impl = create_dot, cast_impl
     builder.create_fp_to_fp, builder.binary_op = create_fp_to_fp, binary_op
     os.environ[ENV] = "1"
+    INSTALLED = True
     return True

@@ -92,12 +92,16 @@ def header_line() -> str:
 # the dot on the installed Triton, so that a release that fixes it lifts the skip.
 INTERPRETER_BF16 = (
     "Triton {version}'s interpreter multiplies bf16 tl.dot operands as raw bits (every "
-    "Triton from 3.6 to 3.9); bf16 is checked on the GPU"
+    "Triton from 3.6 to 3.9); bf16 is checked on the GPU, or here under --fla-bf16-emulated"
 )
 
 
 def interpreter_skip_reason(dtype: str) -> str | None:
-    """Why ``dtype`` can't be checked under Triton's CPU interpreter (None when it can)."""
+    """Why ``dtype`` can't be checked under Triton's CPU interpreter (None when it can:
+    bf16 where this process's interpreter has the GPU's bf16 arithmetic, ``--fla-bf16-emulated``)."""
     if dtype == "bf16":
+        emulation = sys.modules.get(f"{__package__}.interpreter_bf16")
+        if emulation is not None and emulation.INSTALLED:
+            return None
         return INTERPRETER_BF16.format(version=installed_version("triton"))
     return None

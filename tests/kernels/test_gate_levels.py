@@ -207,3 +207,39 @@ def test_scaled_half_is_fp16_rounding_scaled_by_a_power_of_two(largest):
     err = (back - x.double()).abs()
     assert (err <= x.double().abs() * 2.0 ** -11 + abs(largest) * 2.0 ** -38).all(), err.max()
     assert back[5] != 0 or largest == 0  # 2**-20 of the largest keeps its bits
+
+
+@triton.jit
+def _gated_operand_kernel(x, y, N: tl.constexpr, DOT: tl.constexpr, GATED_PREC: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, _gate_levels.gated_operand(tl.load(x + o), DOT, GATED_PREC).to(tl.float32))
+
+
+def test_gated_operand_rounds_to_the_nearest_tf32():
+    """bf16 work's gate-scaled operands in tf32 (``gated_operand``): each value rounded to
+    the nearest one of 10 fraction bits, ties away from zero (the tensor cores would drop the
+    low 13 bits, a truncation), subnormals on their own grid, Inf and NaN kept; against a
+    float64 rounding of the same values."""
+    device = _device()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen, dtype=torch.float64) * torch.logspace(-40, 38, 4096, dtype=torch.float64)
+    bits = torch.arange(1, 33, dtype=torch.int64) * 0x2000 + 0x3F801000  # halfway between tf32 neighbours
+    ties = torch.tensor(bits.tolist(), dtype=torch.int32).view(torch.float32).double()
+    x = torch.cat([x, ties, -ties, torch.tensor([0.0, 3.4e38, 1e-40, -7e-42])]).float()
+    special = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    n = triton.next_power_of_2(x.numel() + special.numel())
+    x = torch.cat([x, special, torch.zeros(n - x.numel() - special.numel())])
+    y = torch.empty_like(x)
+    _gated_operand_kernel[(1,)](x.to(device), y_dev := y.to(device), N=n, DOT=tl.bfloat16, GATED_PREC="tf32")
+    y = y_dev.cpu()
+    v = x.double()
+    finite = torch.isfinite(v) & (v != 0)
+    exponent = torch.floor(torch.log2(v.abs().where(finite, torch.ones_like(v)))).clamp(min=-126)
+    ulp = torch.pow(2.0, exponent - 10)
+    want = torch.where(finite, torch.sign(v) * torch.floor(v.abs() / ulp + 0.5) * ulp, v).float()
+    same = (y == want) | (torch.isnan(y) & torch.isnan(want))
+    assert same.all(), f"{int((~same).sum())} values off, e.g. {x[~same][:4].tolist()} -> {y[~same][:4].tolist()}"
+    assert not torch.equal(y, x)  # it rounded
+    fp32 = y.new_empty(n)
+    _gated_operand_kernel[(1,)](x.to(device), fp32_dev := fp32.to(device), N=n, DOT=tl.float32, GATED_PREC="ieee")
+    assert torch.equal(fp32_dev.cpu().nan_to_num(0.0), x.nan_to_num(0.0))  # other precisions: the value as it is

@@ -12,7 +12,8 @@ import textwrap
 import numpy as np
 import torch
 
-from plugin_testing import needs_kernel_interpreter
+from plugin_testing import cpu_only, needs_kernel_interpreter, run
+from test_external_specs import project
 from pytest_fla.targets import interpreter_bf16
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,3 +94,20 @@ def test_the_accuracy_gate_counts_errors_above_the_ratio_over_the_noise_floor():
             dict(op="a", tensor="dh0", ours=3e-5, peer=1e-6), dict(op="a", tensor="o", ours=9.0, peer=None)]
     assert [r["tensor"] for r in rows if peer_accuracy.is_over(r, 1.25, 1e-4)] == ["dk"]
     assert [r["tensor"] for r in rows if peer_accuracy.is_over(r, 1.25, 1e-7)] == ["dk", "dh0"]
+
+
+@cpu_only
+def test_bf16_is_checked_on_the_cpu_only_under_the_emulation(pytester, monkeypatch):
+    """By default the CPU skips bf16, saying why; ``--fla-bf16-emulated`` patches the GPU's
+    bf16 arithmetic into every process of the run and checks it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    project(pytester)
+    select = ("--fla-ops=scale", "-k", "test_forward and bf16")
+    plain = run(pytester, "-q", "-rs", *select)
+    plain.assert_outcomes(skipped=2)
+    assert "raw bits" in plain.stdout.str()
+    emulated = run(pytester, "-v", *select, "--fla-bf16-emulated")
+    emulated.assert_outcomes(passed=2)
+    assert "fla interpreter bf16: checked" in emulated.stdout.str()
+    workers = run(pytester, "-q", *select, "--fla-bf16-emulated", "-n", "2")  # each worker patches its own
+    workers.assert_outcomes(passed=2)
