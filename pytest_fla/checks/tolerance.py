@@ -24,6 +24,16 @@ The thresholds were then checked against measured errors of the kernels in this 
 ``docs/tolerances.md`` lists what was measured (CPU interpreter and H100/H200) and the
 command. A threshold is never raised to make a failing case pass: a case that exceeds
 it is a kernel bug until shown otherwise.
+
+The error ratchet. The limits above are budgets: a kernel that loses half its precision
+(a tf32 operand truncated instead of rounded, a constant written with too few digits)
+can stay inside them. ``FLA_ERROR_BASELINE=path.jsonl`` (a file ``FLA_RECORD_ERRORS``
+wrote, from the same tests on the same machine: the interpreter's results repeat bit for
+bit) makes every comparison also hold its errors to the recorded ones: relative RMS at
+most ``RATCHET.rel_rms`` times the recorded value, max error at most ``RATCHET.max_abs``
+times (one element, so a rounding that flips one ulp can double it), each plus
+``RATCHET_FLOOR`` unit roundoffs (a recorded error of zero is not a limit of zero). The
+mutation command runs every mutant so (``docs/design.md``, "Mutation testing").
 """
 
 from __future__ import annotations
@@ -52,6 +62,13 @@ BACKWARD = {
     "fp16": Tolerance(rel_rms=4e-3, max_abs=2e-2),
     "bf16": Tolerance(rel_rms=3.2e-2, max_abs=1.2e-1),
 }
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+# A mutant is an accuracy loss worth the name when its RMS error grows by a quarter: the
+# peer comparison's bar is 1.2x (docs/tolerances.md), and reordered fp32 sums, which
+# round a few bf16 outputs the other way, move the RMS by a few percent.
+RATCHET = Tolerance(rel_rms=1.25, max_abs=2.0)
+RATCHET_FLOOR = 1 / 16
+
 # Two kernels computing the same function (chunk vs fused_recurrent) may each sit at the
 # threshold on opposite sides, so they are compared with twice the forward budget.
 AGREEMENT = {k: Tolerance(2 * t.rel_rms, 2 * t.max_abs) for k, t in FORWARD.items()}
@@ -71,14 +88,59 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return rel, rel_max
 
 
+def _current_test() -> str:
+    return os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+
+
 def _record(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> None:
     path = os.environ.get("FLA_RECORD_ERRORS")
     if not path:
         return
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
     with open(path, "a") as f:
-        f.write(json.dumps({"test": test, "tensor": name, "dtype": dtype, "kind": kind,
+        f.write(json.dumps({"test": _current_test(), "tensor": name, "dtype": dtype, "kind": kind,
                             "rel_rms": rel, "max_abs": rel_max}) + "\n")
+
+
+_baselines: dict[str, dict] = {}  # path -> (test, tensor, dtype, kind) -> [(rel_rms, max_abs), ...]
+_compared: dict[tuple, int] = {}  # how many times this process compared each key
+
+
+def recorded_errors(path: str) -> dict:
+    """A ``FLA_RECORD_ERRORS`` file's errors, by (test, tensor, dtype, kind), in the order
+    recorded (a test may compare one tensor more than once)."""
+    if path not in _baselines:
+        table: dict = {}
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    e = json.loads(line)
+                    key = (e["test"], e["tensor"], e["dtype"], e["kind"])
+                    table.setdefault(key, []).append((e["rel_rms"], e["max_abs"]))
+        _baselines[path] = table
+    return _baselines[path]
+
+
+def ratchet_limits(recorded: tuple[float, float], dtype: str) -> tuple[float, float]:
+    floor = RATCHET_FLOOR * UNIT_ROUNDOFF[dtype]
+    return RATCHET.rel_rms * recorded[0] + floor, RATCHET.max_abs * recorded[1] + floor
+
+
+def _ratchet(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> None:
+    path = os.environ.get("FLA_ERROR_BASELINE")
+    if not path:
+        return
+    key = (_current_test(), name, dtype, kind)
+    nth = _compared.get(key, 0)
+    _compared[key] = nth + 1
+    recorded = recorded_errors(path).get(key, [])
+    if nth >= len(recorded):
+        return  # a comparison the baseline did not make: nothing to hold it to
+    rms_limit, max_limit = ratchet_limits(recorded[nth], dtype)
+    assert rel <= rms_limit and rel_max <= max_limit, (
+        f"error ratchet: {name} ({dtype}, {kind}): relative RMS error {rel:.3e}, max {rel_max:.3e}, "
+        f"against {recorded[nth][0]:.3e} and {recorded[nth][1]:.3e} recorded ({path}); within its limits, "
+        f"but past {RATCHET.rel_rms}x and {RATCHET.max_abs}x the recorded errors"
+    )
 
 
 def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=None) -> None:
@@ -109,3 +171,4 @@ def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=N
         f"{name} ({dtype}, {kind}): relative RMS error {rel:.3e} (limit {tol.rel_rms:.1e}), "
         f"max abs error {rel_max:.3e} x max|ref| (limit {tol.max_abs:.1e})"
     )
+    _ratchet(name, dtype, kind, rel, rel_max)

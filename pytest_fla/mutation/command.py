@@ -57,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                         help="run nothing: apply the equivalence list as it is now to a run's JSON, rewrite it, "
                              "print its table")
+    parser.add_argument("--no-error-ratchet", dest="error_ratchet", action="store_false",
+                        help="judge mutants by the checks' limits only, not also against the baseline's recorded "
+                             "errors (docs/tolerances.md, the error ratchet)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="start no mutant after this many seconds; the table counts those left (not_run)")
 
@@ -124,7 +127,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": _machine(args.device), "versions": _versions(),
         "device": args.device, "seed": args.seed, "max_per_op": None if args.all else args.max_per_op,
-        "ops": list(selected),
+        "error_ratchet": args.error_ratchet, "ops": list(selected),
     }
     document = _continued(args.json, selected, wanted)
     document["runs"].append(this_run)
@@ -150,9 +153,9 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
             return
         workspace = free.get()
         try:
-            outcome = workspace.run_checks(op, tests, mutant, args.device, timeout)
+            outcome = workspace.run_checks(op, tests, mutant, args.device, timeout, ratchet.get(op))
             if outcome.status == "timeout":  # a slow moment of a shared machine is not a kill: once more, twice as long
-                outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout)
+                outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout, ratchet.get(op))
         finally:
             free.put(workspace)
         if STOPPING.is_set():
@@ -169,16 +172,22 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
 
     failed_baseline = []
     futures: list = []
+    ratchet: dict[str, dict] = {}  # op -> the environment holding its mutants to the baseline's errors
 
     def prepare(op: str, chosen: list[Mutant]) -> None:
         """The op's baseline; where it passes, its mutants join the pool's queue."""
         if STOPPING.is_set():
             return
         workspace = free.get()
+        errors = workspace.path.parent / f"errors-{op}.jsonl"
+        errors.unlink(missing_ok=True)
         try:
-            baseline = workspace.run_checks(op, tests, None, args.device, None)
+            baseline = workspace.run_checks(op, tests, None, args.device, None,
+                                            {"FLA_RECORD_ERRORS": str(errors)} if args.error_ratchet else None)
         finally:
             free.put(workspace)
+        if args.error_ratchet and errors.exists():
+            ratchet[op] = {"FLA_ERROR_BASELINE": str(errors)}
         timeout = args.timeout or 3 * baseline.seconds + 60
         with lock:
             kept = document["ops"].get(op, {}).get("mutants", [])  # a rerun of given mutants keeps the others

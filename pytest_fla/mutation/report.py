@@ -2,7 +2,9 @@
 
 Score of an op: killed (timeouts included) over the mutants that count, which are all
 run mutants less the equivalent and the invalid ones (and less tool errors, which are
-listed apart and should be none): ``killed / (total - equivalent - invalid)``.
+listed apart and should be none): ``killed / (total - equivalent - invalid)``. The
+``ratchet`` column counts the kills whose first failure was the error ratchet's
+(``checks.tolerance``): accuracy lost inside the checks' limits.
 """
 
 from __future__ import annotations
@@ -14,6 +16,12 @@ from .runner import Outcome
 from .sites import Mutant
 
 COLUMNS = ("killed", "timeout", "survived", "equivalent", "invalid", "error")
+RATCHET_MARK = "error ratchet:"
+
+
+def by_ratchet(detail: str | None) -> bool:
+    """Whether a kill's first failure was the error ratchet's, not a limit's."""
+    return RATCHET_MARK in (detail or "")
 
 
 def line(op: str, mutant: Mutant, outcome: Outcome, note: str = "", status: str | None = None) -> str:
@@ -21,7 +29,7 @@ def line(op: str, mutant: Mutant, outcome: Outcome, note: str = "", status: str 
     status = (status or outcome.status).upper()
     what = f"{op}: {status:<10} {mutant.describe()}"
     if outcome.status == "killed":
-        what += f"  by {outcome.killed_by}"
+        what += f"  by {outcome.killed_by}" + (" (error ratchet)" if by_ratchet(outcome.detail) else "")
     elif outcome.status in ("invalid", "error", "timeout"):
         what += f"  ({outcome.detail})"
     if note:
@@ -31,8 +39,10 @@ def line(op: str, mutant: Mutant, outcome: Outcome, note: str = "", status: str 
 
 def tally(results: list[dict]) -> dict:
     counts = {c: 0 for c in COLUMNS}
+    counts["ratchet"] = 0
     for result in results:
         counts[result["outcome"]] += 1
+        counts["ratchet"] += result["outcome"] == "killed" and by_ratchet(result.get("detail"))
     counts["total"] = len(results)
     return counts
 
@@ -46,9 +56,9 @@ def score(counts: dict) -> float | None:
 
 def table(ops: dict) -> str:
     """The per-op table, then the totals (``ops``: op -> {"sites", "mutants": [...]})."""
-    header = ("op", "sites", "run", *COLUMNS, "score")
+    header = ("op", "sites", "run", "killed", "ratchet", *COLUMNS[1:], "score")
     rows = []
-    total = {c: 0 for c in (*COLUMNS, "total")}
+    total = {c: 0 for c in (*COLUMNS, "ratchet", "total")}
     sites = not_run = 0
     for op, data in ops.items():
         counts = tally(data["mutants"])
@@ -57,9 +67,10 @@ def table(ops: dict) -> str:
         sites += data["sites"]
         not_run += data.get("not_run", 0)
         run = f"{counts['total']} (+{data['not_run']} not run)" if data.get("not_run") else counts["total"]
-        rows.append((op, data["sites"], run, *(counts[c] for c in COLUMNS), _percent(score(counts))))
+        rows.append((op, data["sites"], run, *(counts[c] for c in ("killed", "ratchet", *COLUMNS[1:])),
+                     _percent(score(counts))))
     run = f"{total['total']} (+{not_run} not run)" if not_run else total["total"]
-    rows.append(("all", sites, run, *(total[c] for c in COLUMNS), _percent(score(total))))
+    rows.append(("all", sites, run, *(total[c] for c in ("killed", "ratchet", *COLUMNS[1:])), _percent(score(total))))
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     out = [" | ".join(str(h).ljust(w) for h, w in zip(header, widths)),
            "-|-".join("-" * w for w in widths)]

@@ -16,6 +16,10 @@ cache), and the file is put back. Outcomes (``docs/design.md``, "Mutation testin
   interpreter's access checks (``pytest_fla.sanitizer.interpreter``), wrapped the same way,
   is a kill.
 * ``survived``: every check passed. ``equivalent`` is a survivor on the kept list.
+
+With the error ratchet (the command's default), the baseline records every comparison's
+errors and a mutant's checks are held to them too: a check failing only by the ratchet is
+a kill, named so in its detail (``error ratchet: ...``).
 """
 
 from __future__ import annotations
@@ -161,8 +165,10 @@ class Workspace:
             RUNNING.discard(process)
         return code, time.monotonic() - start, output[-3000:]
 
-    def run_checks(self, op: str, tests: list[str], mutant: Mutant | None, device: str, timeout: float | None) -> Outcome:
-        """The op's killing checks here, with ``mutant`` written in (None: as it is)."""
+    def run_checks(self, op: str, tests: list[str], mutant: Mutant | None, device: str, timeout: float | None,
+                   env: dict | None = None) -> Outcome:
+        """The op's killing checks here, with ``mutant`` written in (None: as it is), under
+        ``env`` too (the error ratchet's files: ``checks.tolerance``)."""
         original = None
         target = None
         if mutant is not None:
@@ -171,7 +177,7 @@ class Workspace:
             target.write_text(mutant.apply(original))
         verdict = self.path / "verdict.json"
         verdict.unlink(missing_ok=True)
-        extra = {"FLA_MUTATION_VERDICT": str(verdict)}
+        extra = {**(env or {}), "FLA_MUTATION_VERDICT": str(verdict)}
         if target is not None:
             extra["FLA_MUTATION_FILE"] = str(target)
         try:

@@ -276,3 +276,62 @@ def test_a_rerun_mutant_replaces_only_its_own_ops_record(tmp_path):
     document = _continued(path, {"a": []}, {shared})
     assert document["ops"]["a"]["mutants"] == [{"id": own, "status": "killed"}]
     assert document["ops"]["b"]["mutants"] == [{"id": shared, "status": "survived"}]
+
+
+def test_the_error_ratchet_holds_a_comparison_to_its_recorded_errors(tmp_path, monkeypatch):
+    """Recorded by ``FLA_RECORD_ERRORS``, held by ``FLA_ERROR_BASELINE``: the same error
+    passes, half as much again fails though far inside the limit, a zero recording
+    leaves the floor, and a comparison the recording lacks is judged by the limits alone."""
+    import torch
+
+    from pytest_fla.checks import tolerance
+
+    ref = torch.linspace(1.0, 2.0, 1000, dtype=torch.float64)
+    noise = torch.sin(torch.arange(1000, dtype=torch.float64))  # RMS 0.707, max 1.0
+    recorded = tmp_path / "errors.jsonl"
+    test = "tests/test_x.py::test_forward[op-fp32]"
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", test + " (call)")
+    monkeypatch.setenv("FLA_RECORD_ERRORS", str(recorded))
+    tolerance.assert_close("o", ref + 1e-7 * noise, ref, "fp32")
+    tolerance.assert_close("o", ref, ref, "fp32")  # the same tensor compared twice: kept in order
+    monkeypatch.delenv("FLA_RECORD_ERRORS")
+    monkeypatch.setenv("FLA_ERROR_BASELINE", str(recorded))
+    monkeypatch.setattr(tolerance, "_compared", {})
+    tolerance.assert_close("o", ref + 1e-7 * noise, ref, "fp32")
+    tolerance.assert_close("o", ref + 1e-9 * noise, ref, "fp32")  # under the floor (2^-24 / 16 = 3.7e-9)
+    monkeypatch.setattr(tolerance, "_compared", {})
+    with pytest.raises(AssertionError, match="error ratchet: o \\(fp32, forward\\)"):
+        tolerance.assert_close("o", ref + 1.5e-7 * noise, ref, "fp32")  # 1.5x; the limit is 2e-5
+    monkeypatch.setattr(tolerance, "_compared", {})
+    tolerance.assert_close("o", ref + 1e-7 * noise, ref, "fp32")
+    with pytest.raises(AssertionError, match="error ratchet"):
+        tolerance.assert_close("o", ref + 3e-8 * noise, ref, "fp32")  # the second recording was exact
+    tolerance.assert_close("o", ref + 1e-6 * noise, ref, "fp32")  # a third comparison: none recorded
+    tolerance.assert_close("other", ref + 1e-6 * noise, ref, "fp32")  # nor of this tensor
+    assert report.by_ratchet("AssertionError: error ratchet: o (fp32, forward): ...")
+
+
+def test_the_error_ratchet_kills_a_mutant_that_loses_accuracy_inside_the_limits(tmp_path):
+    """The example's scan with each token scaled by 1 + 1e-6 (a constant written with too
+    few digits): inside the fp32 limit (2e-5), so the limits let it survive; held to the
+    unmutated run's recorded errors, it is killed, and the unmutated code is not."""
+    files = project_files(EXAMPLE)
+    workspace = Workspace(EXAMPLE, files, tmp_path, 0)
+    tests = conformance_modules(workspace.path, files)
+    device = "cuda" if _on_gpu() else "cpu"
+    errors = tmp_path / "errors.jsonl"
+    baseline = workspace.run_checks("token_cumsum", tests, None, device, 300, {"FLA_RECORD_ERRORS": str(errors)})
+    assert baseline.status == "survived", baseline
+    assert errors.read_text().count("\n") >= baseline.counts["passed"]
+    ratchet = {"FLA_ERROR_BASELINE": str(errors)}
+    again = workspace.run_checks("token_cumsum", tests, None, device, 300, ratchet)
+    assert again.status == "survived", again  # the same code, held to its own record
+    text = (EXAMPLE / "token_cumsum" / "op.py").read_text()
+    load = "acc += tl.load(inp + offset, mask=mask, other=0.0).to(tl.float32)"
+    start = text.index(load) + len(load)
+    scaled = Mutant(id="scaled", path="token_cumsum/op.py", function="_scan_kernel", operator="hand", line=0,
+                    start=start, end=start, original="", replacement=" * 1.000001")
+    survived = workspace.run_checks("token_cumsum", tests, scaled, device, 300)
+    assert survived.status == "survived", survived
+    killed = workspace.run_checks("token_cumsum", tests, scaled, device, 300, ratchet)
+    assert killed.status == "killed" and report.by_ratchet(killed.detail), killed
