@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the selection (default 0)")
     parser.add_argument("--mutant", action="append", default=[], metavar="ID",
                         help="run this mutant id (repeatable; replaces the selection)")
+    parser.add_argument("--survivors-of", type=Path, default=None, metavar="JSON",
+                        help="run, per op, the mutants a recorded run (its --json) has as survived or equivalent "
+                             "(replaces the selection): the survivors judged again after the checks change")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds a mutant may run (default: 3 x the op's baseline + 60)")
     parser.add_argument("--equivalent", type=Path, default=None,
@@ -92,7 +95,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
     first = workspaces[0]
     tests = conformance_modules(first.path, first.files)
     reached = discover(workspaces, tests, args.device, args.fla_ops)
-    wanted = set(args.mutant)
+    wanted = _wanted(args, reached)  # op -> the ids to run (none: a selection)
     selected: dict[str, list[Mutant]] = {}
     reserves: dict[str, deque] = {}  # the next mutants of each op, to replace invalid ones
     sites: dict[str, int] = {}
@@ -101,7 +104,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         sites[op] = len(every)
         reserves[op] = deque()
         if wanted:
-            chosen = [m for m in every if m.id in wanted]
+            chosen = [m for m in every if m.id in wanted.get(op, ())]
         elif args.all:
             chosen = every
         else:
@@ -111,7 +114,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         if chosen or not wanted:
             selected[op] = chosen
     if wanted:
-        missing = wanted - {m.id for chosen in selected.values() for m in chosen}
+        missing = set().union(*wanted.values()) - {m.id for chosen in selected.values() for m in chosen}
         if missing:
             print(f"mutate: no site has the id(s): {', '.join(sorted(missing))}", file=sys.stderr)
             return 2
@@ -251,11 +254,22 @@ def rescore(path: Path, equivalent: dict) -> int:
     return 0
 
 
-def _continued(path: Path | None, ops, rerun: set) -> dict:
+def _wanted(args, reached: dict) -> dict[str, set]:
+    """Per op, the mutant ids given (``--mutant``: the same for every op) or the ones a
+    recorded run left alive (``--survivors-of``); empty where the selection decides."""
+    if args.survivors_of:
+        recorded = json.loads(args.survivors_of.read_text())["ops"]
+        return {op: {m["id"] for m in recorded[op]["mutants"] if m["outcome"] in ("survived", "equivalent")}
+                for op in reached if op in recorded}
+    return {op: set(args.mutant) for op in reached} if args.mutant else {}
+
+
+def _continued(path: Path | None, ops, rerun: dict) -> dict:
     """The JSON document to write: the one at ``path`` with ``ops`` taken out (a run split
     over several commands, a group of ops each, ends in one file), or with only the
-    ``rerun`` mutants of ``ops`` taken out where given (``--mutant``; another op's mutant of
-    the same id, a shared helper's, keeps its record); a new one where none is."""
+    ``rerun`` mutants of ``ops`` taken out where given (op -> ids: ``--mutant``,
+    ``--survivors-of``; another op's mutant of the same id, a shared helper's, keeps its
+    record); a new one where none is."""
     document = {"runs": [], "ops": {}}
     if path is not None and path.exists():
         try:
@@ -266,7 +280,7 @@ def _continued(path: Path | None, ops, rerun: set) -> dict:
             if rerun:
                 for op, data in earlier["ops"].items():
                     if op in ops:
-                        data["mutants"] = [m for m in data["mutants"] if m["id"] not in rerun]
+                        data["mutants"] = [m for m in data["mutants"] if m["id"] not in rerun.get(op, ())]
                 document = earlier
             else:
                 document = {"runs": earlier["runs"],

@@ -273,7 +273,7 @@ def test_a_rerun_mutant_replaces_only_its_own_ops_record(tmp_path):
     path.write_text(json.dumps({"runs": [{}], "ops": {
         "a": {"mutants": [{"id": shared, "status": "survived"}, {"id": own, "status": "killed"}]},
         "b": {"mutants": [{"id": shared, "status": "survived"}]}}}))
-    document = _continued(path, {"a": []}, {shared})
+    document = _continued(path, {"a": []}, {"a": {shared}})
     assert document["ops"]["a"]["mutants"] == [{"id": own, "status": "killed"}]
     assert document["ops"]["b"]["mutants"] == [{"id": shared, "status": "survived"}]
 
@@ -335,3 +335,21 @@ def test_the_error_ratchet_kills_a_mutant_that_loses_accuracy_inside_the_limits(
     assert survived.status == "survived", survived
     killed = workspace.run_checks("token_cumsum", tests, scaled, device, 300, ratchet)
     assert killed.status == "killed" and report.by_ratchet(killed.detail), killed
+
+
+def test_survivors_of_a_recorded_run_are_chosen_per_op(tmp_path):
+    """``--survivors-of``: each op runs again the mutants its own record left alive
+    (survived or equivalent), not another op's of the same shared helper."""
+    import argparse
+
+    from pytest_fla.mutation.command import _wanted
+
+    path = tmp_path / "mutation.json"
+    path.write_text(json.dumps({"runs": [], "ops": {
+        "a": {"mutants": [{"id": "s", "outcome": "survived"}, {"id": "k", "outcome": "killed"},
+                          {"id": "e", "outcome": "equivalent"}, {"id": "i", "outcome": "invalid"}]},
+        "b": {"mutants": [{"id": "s", "outcome": "killed"}]},
+        "c": {"mutants": [{"id": "x", "outcome": "survived"}]}}}))
+    args = argparse.Namespace(survivors_of=path, mutant=[])
+    assert _wanted(args, {"a": {}, "b": {}, "d": {}}) == {"a": {"s", "e"}, "b": set()}
+    assert _wanted(argparse.Namespace(survivors_of=None, mutant=["m"]), {"a": {}, "b": {}}) == {"a": {"m"}, "b": {"m"}}
