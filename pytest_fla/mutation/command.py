@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                         help="run nothing: apply the equivalence list as it is now to a run's JSON, rewrite it, "
                              "print its table")
+    parser.add_argument("--rewrites", action="store_true",
+                        help="plant rewrites instead of bugs (edits equal in exact arithmetic: operators.REWRITES); "
+                             "each should survive, so a kill is the checks' false fail")
     parser.add_argument("--no-error-ratchet", dest="error_ratchet", action="store_false",
                         help="judge mutants by the checks' limits only, not also against the baseline's recorded "
                              "errors (docs/tolerances.md, the error ratchet)")
@@ -100,7 +103,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
     reserves: dict[str, deque] = {}  # the next mutants of each op, to replace invalid ones
     sites: dict[str, int] = {}
     for op, lines in reached.items():
-        every = mutants_of(first.path, {path: set(found) for path, found in lines.items()})
+        every = mutants_of(first.path, {path: set(found) for path, found in lines.items()}, args.rewrites)
         sites[op] = len(every)
         reserves[op] = deque()
         if wanted:
@@ -130,7 +133,7 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": _machine(args.device), "versions": _versions(),
         "device": args.device, "seed": args.seed, "max_per_op": None if args.all else args.max_per_op,
-        "error_ratchet": args.error_ratchet, "ops": list(selected),
+        "error_ratchet": args.error_ratchet, "rewrites": args.rewrites, "ops": list(selected),
     }
     document = _continued(args.json, selected, wanted)
     document["runs"].append(this_run)
@@ -155,18 +158,28 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
                 document["ops"][op]["not_run"] = document["ops"][op].get("not_run", 0) + 1
             return
         workspace = free.get()
+        measured = workspace.path.parent / f"errors-{workspace.path.name}.jsonl"
+        env = {**ratchet[op], "FLA_RECORD_ERRORS": str(measured)} if op in ratchet else None
         try:
-            outcome = workspace.run_checks(op, tests, mutant, args.device, timeout, ratchet.get(op))
+            measured.unlink(missing_ok=True)
+            outcome = workspace.run_checks(op, tests, mutant, args.device, timeout, env)
             if outcome.status == "timeout":  # a slow moment of a shared machine is not a kill: once more, twice as long
-                outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout, ratchet.get(op))
+                measured.unlink(missing_ok=True)
+                outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout, env)
+            growth = report.error_growth(ratchet[op]["FLA_ERROR_BASELINE"], measured) if env else None
         finally:
             free.put(workspace)
         if STOPPING.is_set():
             return
-        reason = plan.equivalent_reason(equivalent, mutant.id, op)
+        reason = None if args.rewrites else plan.equivalent_reason(equivalent, mutant.id, op)
         entry = report.result_entry(mutant, outcome, reason)
+        if growth is not None:
+            entry["error_growth"] = growth
         note = "equivalent: " + reason if entry["outcome"] == "equivalent" else (
             "listed as equivalent: a stale entry" if entry.get("stale_equivalence_entry") else "")
+        if growth is not None and growth["compared"]:
+            note = "; ".join(filter(None, (note, f"errors x{growth['rms_ratio']}, {growth['changed']} of "
+                                                f"{growth['compared']} comparisons changed")))
         with lock:
             print(report.line(op, mutant, outcome, note, entry["outcome"]), flush=True)
             if outcome.status == "invalid" and reserves[op]:
@@ -223,10 +236,10 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         report.write_json(args.json, document)
     print()
     ran = {op: data for op, data in document["ops"].items() if op in selected}
-    print(report.table(ran))
+    print(report.table(ran, args.rewrites))
     if len(ran) < len(document["ops"]):
         print(f"\nwith the ops of the earlier runs in {args.json}:")
-        print(report.table(document["ops"]))
+        print(report.table(document["ops"], args.rewrites))
     stale = [m["id"] for data in ran.values() for m in data["mutants"] if m.get("stale_equivalence_entry")]
     for mutant_id in stale:
         print(f"stale equivalence entry (the mutant was killed): {mutant_id}")

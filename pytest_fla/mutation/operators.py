@@ -20,6 +20,16 @@ Python and aimed at being valid Triton:
 * ``change_constant``: a float constant changed (``c`` -> ``2c``, ``0.0`` -> ``1.0``), a
   reduction over the other axis (``axis=0`` <-> ``axis=1``), ``maximum`` <-> ``minimum``
   and ``max`` <-> ``min``.
+
+Rewrites (``REWRITES``) are the other family: edits a kernel developer makes on purpose,
+equal in exact arithmetic, which change at most the rounding. Run as mutants
+(``mutate --rewrites``) they measure the checks' false fails: each should survive.
+
+* ``reassociate``: ``a + b + c`` -> ``a + (b + c)``, ``a * b * c`` -> ``a * (b * c)``, where
+  the expression holds a float (a block value ``b_*``, a float constant, a call of
+  ``FLOAT_CALLS``): integer offsets reassociate exactly, and would only cost runs;
+* ``reciprocal``: ``a / b`` -> ``a * (1.0 / b)``;
+* ``exp_as_exp2``: ``tl.exp(x)`` -> ``tl.exp2(x * 1.4426950408889634)`` (``log2(e)``).
 """
 
 from __future__ import annotations
@@ -31,6 +41,11 @@ from dataclasses import dataclass
 from typing import Iterator
 
 OPERATORS = ("compare_flip", "off_by_one", "drop_term", "scale_term", "wrong_index", "swap_broadcast", "change_constant")
+REWRITES = ("reassociate", "reciprocal", "exp_as_exp2")
+LOG2_E = "1.4426950408889634"
+FLOAT_CALLS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sigmoid", "dot", "sum", "cumsum")
+# Operands that keep their meaning anywhere in an arithmetic expression without parentheses.
+ATOMS = (ast.Name, ast.Attribute, ast.Subscript, ast.Call, ast.Constant)
 
 COMPARE_FLIPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
                  ast.Eq: ("==", "!="), ast.NotEq: ("!=", "==")}
@@ -95,13 +110,14 @@ def _is_jit(decorator: ast.AST) -> bool:
     return (isinstance(target, ast.Name) and target.id == "jit") or (isinstance(target, ast.Attribute) and target.attr == "jit")
 
 
-def edits(fn: ast.FunctionDef, source: SourceMap) -> list[Edit]:
-    """Every mutation of ``fn``'s body, in source order; each one parses as Python."""
+def edits(fn: ast.FunctionDef, source: SourceMap, rewrites: bool = False) -> list[Edit]:
+    """Every mutation of ``fn``'s body (``rewrites``: every rewrite), in source order; each
+    one parses as Python."""
     found: list[Edit] = []
     body = fn.body[1:] if _has_docstring(fn) else fn.body
     for statement in body:
         for node in ast.walk(statement):
-            found.extend(_node_edits(node, source))
+            found.extend(_node_rewrites(node, source) if rewrites else _node_edits(node, source))
     # the rest of the file is unchanged, so the function's own text decides whether it parses
     start = source.offset(fn.lineno, 0)
     end = source.offset(fn.end_lineno, fn.end_col_offset)
@@ -252,3 +268,38 @@ def _broadcast(node: ast.Subscript, source: SourceMap) -> Iterator[Edit]:
     start = source.span(node.value)[1]
     end = source.span(node)[1]
     yield Edit("swap_broadcast", start, end, source.text[start:end], replacement, (node.lineno, node.end_lineno))
+
+
+def _atom(node: ast.AST, source: SourceMap) -> str:
+    text = source.segment(node)
+    return text if isinstance(node, ATOMS) and not isinstance(node, ast.Constant) or (
+        isinstance(node, ast.Constant) and not str(text).startswith("-")) else f"({text})"
+
+
+def _node_rewrites(node: ast.AST, source: SourceMap) -> Iterator[Edit]:
+    lines = (getattr(node, "lineno", 0), getattr(node, "end_lineno", 0))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)) \
+            and isinstance(node.left, ast.BinOp) and type(node.left.op) is type(node.op) and _holds_float(node):
+        sign = " + " if isinstance(node.op, ast.Add) else " * "
+        a, b, c = (_atom(n, source) for n in (node.left.left, node.left.right, node.right))
+        yield _whole(node, source, "reassociate", f"{a}{sign}({b}{sign}{c})")
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        a, b = _atom(node.left, source), _atom(node.right, source)
+        yield _whole(node, source, "reciprocal", f"{a} * (1.0 / {b})")
+    elif isinstance(node, ast.Call) and _called_name(node) == "exp" and isinstance(node.func, ast.Attribute) \
+            and len(node.args) == 1 and not node.keywords:
+        start, end = source.span(node)
+        module = source.segment(node.func.value)
+        yield Edit("exp_as_exp2", start, end, source.text[start:end],
+                   f"{module}.exp2({_atom(node.args[0], source)} * {LOG2_E})", lines)
+
+
+def _holds_float(node: ast.AST) -> bool:
+    for part in ast.walk(node):
+        if isinstance(part, ast.Name) and part.id.startswith("b_"):
+            return True
+        if isinstance(part, ast.Constant) and type(part.value) is float:
+            return True
+        if isinstance(part, ast.Call) and _called_name(part) in FLOAT_CALLS:
+            return True
+    return False

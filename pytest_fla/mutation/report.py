@@ -4,7 +4,14 @@ Score of an op: killed (timeouts included) over the mutants that count, which ar
 run mutants less the equivalent and the invalid ones (and less tool errors, which are
 listed apart and should be none): ``killed / (total - equivalent - invalid)``. The
 ``ratchet`` column counts the kills whose first failure was the error ratchet's
-(``checks.tolerance``): accuracy lost inside the checks' limits.
+(``checks.tolerance``): accuracy lost inside the checks' limits. A run of rewrites
+(``--rewrites``: edits that change at most the rounding) ends in ``false fails`` instead,
+the share of them killed.
+
+Each mutant's record also says how its errors compare with the baseline's
+(``error_growth``): the largest ratio of its relative RMS errors to the recorded ones, each
+plus the ratchet's floor, and how many of its comparisons differ from the record at all
+(none: the edit changed no value the checks see).
 """
 
 from __future__ import annotations
@@ -54,9 +61,10 @@ def score(counts: dict) -> float | None:
     return killed / judged if judged else None
 
 
-def table(ops: dict) -> str:
-    """The per-op table, then the totals (``ops``: op -> {"sites", "mutants": [...]})."""
-    header = ("op", "sites", "run", "killed", "ratchet", *COLUMNS[1:], "score")
+def table(ops: dict, rewrites: bool = False) -> str:
+    """The per-op table, then the totals (``ops``: op -> {"sites", "mutants": [...]});
+    ``rewrites``: the last column is the false fails (killed over judged)."""
+    header = ("op", "sites", "run", "killed", "ratchet", *COLUMNS[1:], "false fails" if rewrites else "score")
     rows = []
     total = {c: 0 for c in (*COLUMNS, "ratchet", "total")}
     sites = not_run = 0
@@ -80,6 +88,33 @@ def table(ops: dict) -> str:
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def error_growth(baseline: str | Path, measured: str | Path) -> dict:
+    """How a run's recorded errors (``measured``) compare with the baseline's, comparison by
+    comparison (matched as ``checks.tolerance`` matches them): the largest relative-RMS
+    ratio, each error plus the ratchet's floor, and how many of them differ at all."""
+    from pytest_fla.checks.tolerance import RATCHET_FLOOR, UNIT_ROUNDOFF
+
+    def load(path) -> dict:
+        table: dict = {}
+        if Path(path).exists():
+            for text in Path(path).read_text().splitlines():
+                if text.strip():
+                    e = json.loads(text)
+                    table.setdefault((e["test"], e["tensor"], e["dtype"], e["kind"]), []).append(
+                        (e["rel_rms"], e["max_abs"]))
+        return table
+
+    before, after = load(baseline), load(measured)
+    worst, changed, compared = 1.0, 0, 0
+    for key, errors in after.items():
+        floor = RATCHET_FLOOR * UNIT_ROUNDOFF[key[2]]
+        for recorded, now in zip(before.get(key, []), errors):
+            compared += 1
+            changed += recorded != now
+            worst = max(worst, (now[0] + floor) / (recorded[0] + floor))
+    return {"rms_ratio": round(worst, 3), "changed": changed, "compared": compared}
 
 
 def result_entry(mutant: Mutant, outcome: Outcome, equivalent_reason: str | None) -> dict:

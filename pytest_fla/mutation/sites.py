@@ -60,27 +60,28 @@ def _short(text: str, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
-def mutants_of(root: Path, reached: dict[str, set[int]]) -> list[Mutant]:
-    """Every mutant of the jit functions in ``reached`` (relative path -> reached lines),
-    limited to the nodes on reached lines, in file and source order."""
+def mutants_of(root: Path, reached: dict[str, set[int]], rewrites: bool = False) -> list[Mutant]:
+    """Every mutant (``rewrites``: every rewrite, ``operators.REWRITES``) of the jit
+    functions in ``reached`` (relative path -> reached lines), limited to the nodes on
+    reached lines, in file and source order."""
     found = []
     for path in sorted(reached):
         lines = reached[path]
-        for mutant, first, last in _file_mutants(path, (root / path).read_text()):
+        for mutant, first, last in _file_mutants(path, (root / path).read_text(), rewrites):
             if any(line in lines for line in range(first, last + 1)):
                 found.append(mutant)
     return found
 
 
 @functools.lru_cache(maxsize=256)
-def _file_mutants(path: str, text: str) -> tuple:
+def _file_mutants(path: str, text: str, rewrites: bool = False) -> tuple:
     """``(mutant, first line, last line)`` for every edit of every jit function of a file
     (kept: the ops of one run share their files)."""
     source = SourceMap(text)
     out = []
     for fn in sorted(jit_functions(ast.parse(text)), key=lambda f: f.lineno):
         seen: dict[tuple, int] = defaultdict(int)
-        for edit in edits(fn, source):
+        for edit in edits(fn, source, rewrites):
             key = (edit.operator, " ".join(edit.original.split()), " ".join(edit.replacement.split()))
             occurrence = seen[key]
             seen[key] += 1

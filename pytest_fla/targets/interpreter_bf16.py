@@ -1,13 +1,20 @@
-"""bf16 arithmetic in Triton's CPU interpreter as a GPU does it, for accuracy measurements.
+"""bf16 and tf32 arithmetic in Triton's CPU interpreter as a GPU does it, for accuracy
+measurements.
 
 Triton's interpreter (3.6 to 3.9) keeps bf16 values as their uint16 bit patterns and
 multiplies ``tl.dot`` operands as those integers, adds and multiplies bf16 tensors the
-same way, and rounds float32 -> bf16 conversions toward zero (``pytest_fla.toolchain``).
-:func:`install` replaces those four operations in this process with what the GPU computes:
+same way, and rounds float32 -> bf16 conversions toward zero (``pytest_fla.toolchain``);
+it multiplies float32 operands of a one-pass tf32 ``tl.dot`` (``input_precision="tf32"``,
+the default) exactly. :func:`install` replaces those operations in this process with what
+the GPU computes:
 
 * ``tl.dot`` of bf16 operands: exact products accumulated in float32 (a bf16 x bf16
   product fits float32's 24-bit significand, as on tensor cores; the summation order
   differs from the hardware's, which moves the result by float32 roundings only);
+* ``tl.dot`` of float32 operands in one-pass tf32: each operand's low 13 significand bits
+  dropped, as the tensor cores read them (a truncation: a kernel that wants tf32 rounded
+  to nearest rounds its operands itself, ``kernels._gate_levels.gated_operand``), then
+  multiplied exactly and accumulated in float32; ``tf32x3`` and ``ieee`` stay as they are;
 * a float32 -> bf16 conversion: round to nearest even (``.to(tl.bfloat16)``'s default);
 * elementwise bf16 arithmetic: computed in float32 and rounded once to bf16.
 
@@ -42,6 +49,14 @@ def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
 
 
+def tf32_truncated(values: np.ndarray) -> np.ndarray:
+    """float32 values with their low 13 significand bits cleared: what one-pass tf32 tensor
+    cores read of them (Inf and NaN keep their class: NaN's payload sits in the top bits
+    Triton produces, and an Inf has none)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    return (values.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
 def install() -> bool:
     """Patch this process's interpreter (idempotent); False where its shape is not the
     one this was written for (then nothing is patched)."""
@@ -67,6 +82,9 @@ def install() -> bool:
         return to_float32(h.data) if h.dtype.scalar == bf16 else h.data
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if getattr(input_precision, "name", None) == "TF32" and a.dtype.scalar == b.dtype.scalar == tl.float32:
+            product = np.matmul(tf32_truncated(a.data), tf32_truncated(b.data), dtype=np.float32)
+            return handle(product + d.data, d.dtype.scalar)
         if bf16 not in (a.dtype.scalar, b.dtype.scalar):
             return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         product = np.matmul(as_float(a).astype(np.float32), as_float(b).astype(np.float32), dtype=np.float32)

@@ -65,6 +65,42 @@ def test_the_patched_interpreter_computes_bf16_as_a_gpu():
     assert converted == "True" and arithmetic == "True"
 
 
+TF32 = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+    from pytest_fla.targets import interpreter_bf16
+    assert interpreter_bf16.install()
+
+    @triton.jit
+    def kernel(a, b, one_pass, three_pass, ieee):
+        r = tl.arange(0, 16)
+        tile = r[:, None] * 16 + r[None, :]
+        ta, tb = tl.load(a + tile), tl.load(b + tile)
+        tl.store(one_pass + tile, tl.dot(ta, tb))  # tf32, the default
+        tl.store(three_pass + tile, tl.dot(ta, tb, input_precision="tf32x3"))
+        tl.store(ieee + tile, tl.dot(ta, tb, input_precision="ieee"))
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    outs = [torch.zeros(16, 16) for _ in range(3)]
+    kernel[(1,)](a, b, *outs)
+    cut = lambda t: (t.view(torch.int32) & -8192).view(torch.float32).double()  # low 13 bits dropped
+    exact = a.double() @ b.double()
+    print(*(float((o - want).abs().max()) for o, want in zip(outs, (cut(a) @ cut(b), exact, exact))),
+          float((cut(a) @ cut(b) - exact).abs().max()))
+""")
+
+
+def test_the_patched_interpreter_truncates_one_pass_tf32_operands_as_tensor_cores_do():
+    """A float32 ``tl.dot`` in one-pass tf32 reads each operand with its low 13 bits
+    dropped, as the GPU's tensor cores do; three-pass tf32 and ieee stay near-exact."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    run = subprocess.run([sys.executable, "-c", TF32], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    one_pass, three_pass, ieee, truncation = map(float, run.stdout.split())
+    assert truncation > 1e-3  # what the truncation costs, at 16 products of O(1)
+    assert one_pass < 1e-5 and three_pass < 1e-5 and ieee < 1e-5  # float32 accumulation only
+
+
 @needs_kernel_interpreter
 def test_peer_accuracy_measures_ours_on_the_cpu(tmp_path):
     """Without a GPU the comparison runs ours alone, the peer column n/a; a correct

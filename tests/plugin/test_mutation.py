@@ -14,7 +14,7 @@ import pytest
 
 from pytest_fla.mutation import plan, report
 from pytest_fla.mutation.child import refused_by_triton
-from pytest_fla.mutation.operators import SourceMap, edits, jit_functions
+from pytest_fla.mutation.operators import REWRITES, SourceMap, edits, jit_functions
 from pytest_fla.mutation.runner import Outcome, Workspace, classify, conformance_modules, project_files
 from pytest_fla.mutation.sites import Mutant, mutants_of
 
@@ -308,7 +308,13 @@ def test_the_error_ratchet_holds_a_comparison_to_its_recorded_errors(tmp_path, m
         tolerance.assert_close("o", ref + 3e-8 * noise, ref, "fp32")  # the second recording was exact
     tolerance.assert_close("o", ref + 1e-6 * noise, ref, "fp32")  # a third comparison: none recorded
     tolerance.assert_close("other", ref + 1e-6 * noise, ref, "fp32")  # nor of this tensor
-    assert report.by_ratchet("AssertionError: error ratchet: o (fp32, forward): ...")
+    ratcheted = {"outcome": "killed", "detail": "AssertionError: error ratchet: o (fp32, forward): ..."}
+    by_limit = {"outcome": "killed", "detail": "AssertionError: o (fp32, forward): relative RMS error ..."}
+    counts = report.tally([ratcheted, by_limit, {"outcome": "survived"}])
+    assert (counts["killed"], counts["ratchet"], report.score(counts)) == (2, 1, 2 / 3)
+    header, _, row, _ = report.table({"a": {"sites": 9, "mutants": [ratcheted, by_limit]}}).splitlines()
+    assert [c.strip() for c in header.split("|")][3:5] == ["killed", "ratchet"]
+    assert [c.strip() for c in row.split("|")][3:5] == ["2", "1"]
 
 
 def test_the_error_ratchet_kills_a_mutant_that_loses_accuracy_inside_the_limits(tmp_path):
@@ -353,3 +359,43 @@ def test_survivors_of_a_recorded_run_are_chosen_per_op(tmp_path):
     args = argparse.Namespace(survivors_of=path, mutant=[])
     assert _wanted(args, {"a": {}, "b": {}, "d": {}}) == {"a": {"s", "e"}, "b": set()}
     assert _wanted(argparse.Namespace(survivors_of=None, mutant=["m"]), {"a": {}, "b": {}}) == {"a": {"m"}, "b": {"m"}}
+
+
+def test_rewrites_change_only_the_rounding_and_leave_integer_offsets_alone():
+    """The rewrite family: float sums and products reassociated, a division by a
+    reciprocal, ``exp`` by ``exp2``; offsets (no float in them) are not rewritten."""
+    text = textwrap.dedent('''\
+        import triton
+        import triton.language as tl
+
+
+        @triton.jit
+        def k(x, y, s, D, BLOCK: tl.constexpr):
+            c = tl.arange(0, BLOCK)
+            b_x = tl.load(x + D + c + 1)
+            b_y = b_x * s * 2.0 + tl.exp(-b_x) + b_x / D
+            tl.store(y + c, b_y)
+        ''')
+    source = SourceMap(text)
+    (fn,) = jit_functions(ast.parse(text))
+    found = {(e.operator, e.original, e.replacement) for e in edits(fn, source, rewrites=True)}
+    assert found == {
+        ("reassociate", "b_x * s * 2.0", "b_x * (s * 2.0)"),
+        ("reassociate", "b_x * s * 2.0 + tl.exp(-b_x) + b_x / D", "(b_x * s * 2.0) + (tl.exp(-b_x) + (b_x / D))"),
+        ("exp_as_exp2", "tl.exp(-b_x)", "tl.exp2((-b_x) * 1.4426950408889634)"),
+        ("reciprocal", "b_x / D", "b_x * (1.0 / D)"),
+    }
+    assert all(op in REWRITES for op, _, _ in found)
+    assert not any(e.operator in REWRITES for e in edits(fn, source))  # not among the bugs
+
+
+def test_error_growth_against_the_baseline(tmp_path):
+    def write(path, rows):
+        path.write_text("".join(json.dumps({"test": "t", "tensor": n, "dtype": "fp32", "kind": "forward",
+                                            "rel_rms": r, "max_abs": r}) + "\n" for n, r in rows))
+
+    write(tmp_path / "base.jsonl", [("o", 1e-7), ("o", 2e-7), ("dq", 1e-7)])
+    write(tmp_path / "run.jsonl", [("o", 1e-7), ("o", 3e-7)])  # stopped before dq (-x)
+    growth = report.error_growth(tmp_path / "base.jsonl", tmp_path / "run.jsonl")
+    assert growth["changed"] == 1 and growth["compared"] == 2
+    assert growth["rms_ratio"] == pytest.approx((3e-7 + 2.0 ** -28) / (2e-7 + 2.0 ** -28), abs=1e-3)
