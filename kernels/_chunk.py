@@ -26,7 +26,9 @@ import triton
 import triton.language as tl
 
 # Triton 3.6's interpreter multiplies the raw bit patterns of bf16 dot operands; under it,
-# `mm` upcasts them first. Compiled code never takes that branch.
+# `mm` upcasts them first and asks for exact fp32 products (what three-pass tf32 comes to:
+# the emulated interpreter truncates a one-pass tf32 dot's operands, as tensor cores do).
+# Compiled code never takes that branch.
 _INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
@@ -34,7 +36,7 @@ _INTERPRETING = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 def mm(a, b):
     """``a @ b`` accumulated in fp32; fp32 operands take three-pass tf32 (near-fp32 products)."""
     if _INTERPRETING:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision="tf32x3")
 
 
@@ -42,7 +44,7 @@ def mm(a, b):
 def mm_acc(a, b, acc):
     """``acc + a @ b`` in fp32, accumulated in place by the tensor cores (no extra add)."""
     if _INTERPRETING:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     return tl.dot(a, b, acc, input_precision="tf32x3")
 
 
