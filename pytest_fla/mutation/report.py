@@ -94,7 +94,7 @@ def error_growth(baseline: str | Path, measured: str | Path) -> dict:
     """How a run's recorded errors (``measured``) compare with the baseline's, comparison by
     comparison (matched as ``checks.tolerance`` matches them): the largest relative-RMS
     ratio, each error plus the ratchet's floor, and how many of them differ at all."""
-    from pytest_fla.checks.tolerance import RATCHET_FLOOR, UNIT_ROUNDOFF
+    from pytest_fla.checks.tolerance import ratchet_floor
 
     def load(path) -> dict:
         table: dict = {}
@@ -109,7 +109,7 @@ def error_growth(baseline: str | Path, measured: str | Path) -> dict:
     before, after = load(baseline), load(measured)
     worst, changed, compared = 1.0, 0, 0
     for key, errors in after.items():
-        floor = RATCHET_FLOOR * UNIT_ROUNDOFF[key[2]]
+        floor = ratchet_floor(key[2])
         for recorded, now in zip(before.get(key, []), errors):
             compared += 1
             changed += recorded != now
