@@ -289,7 +289,7 @@ def test_the_error_ratchet_holds_a_comparison_to_its_recorded_errors(tmp_path, m
     ref = torch.linspace(1.0, 2.0, 1000, dtype=torch.float64)
     noise = torch.sin(torch.arange(1000, dtype=torch.float64))  # RMS 0.707, max 1.0
     recorded = tmp_path / "errors.jsonl"
-    test = "tests/test_x.py::test_forward[op-fp32]"
+    test = "test_forward[op-fp32]"  # a node id, as PYTEST_CURRENT_TEST names it
     monkeypatch.setenv("PYTEST_CURRENT_TEST", test + " (call)")
     monkeypatch.setenv("FLA_RECORD_ERRORS", str(recorded))
     tolerance.assert_close("o", ref + 1e-5 * noise, ref, "fp32")
