@@ -250,6 +250,10 @@ def rescore(path: Path, equivalent: dict) -> int:
     """Survivors and equivalent mutants of a recorded run, judged again by the list as it
     is now (an entry added after the run, an entry removed); the file is rewritten."""
     document = json.loads(path.read_text())
+    rewrites = any(run.get("rewrites") for run in document.get("runs", []))
+    if rewrites:  # rewrites are never equivalent mutants: the list does not apply
+        print(report.table(document["ops"], rewrites))
+        return 0
     for op, data in document["ops"].items():
         for entry in data["mutants"]:
             if entry["outcome"] in ("survived", "equivalent"):

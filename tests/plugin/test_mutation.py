@@ -400,3 +400,15 @@ def test_error_growth_against_the_baseline(tmp_path):
     assert growth["changed"] == 1 and growth["compared"] == 2
     floor = 8 * 2.0 ** -24  # fp32's floor
     assert growth["rms_ratio"] == pytest.approx((3e-7 + floor) / (2e-7 + floor), abs=1e-3)
+
+
+def test_a_rewrites_run_is_rescored_without_the_equivalence_list(tmp_path, capsys):
+    from pytest_fla.mutation.command import rescore
+
+    path = tmp_path / "rewrites.json"
+    document = {"runs": [{"rewrites": True}], "ops": {"a": {"sites": 2, "mutants": [
+        {"id": "x", "outcome": "survived"}, {"id": "y", "outcome": "killed", "detail": "error ratchet: ..."}]}}}
+    path.write_text(json.dumps(document))
+    rescore(path, {("x", None): "listed"})
+    assert json.loads(path.read_text()) == document  # x stays survived: a rewrite is meant to
+    assert "false fails" in capsys.readouterr().out
