@@ -111,18 +111,22 @@ _baselines: dict[str, dict] = {}  # path -> (test, tensor, dtype, kind) -> [(rel
 _compared: dict[tuple, int] = {}  # how many times this process compared each key
 
 
-def recorded_errors(path: str) -> dict:
+def read_errors(path) -> dict:
     """A ``FLA_RECORD_ERRORS`` file's errors, by (test, tensor, dtype, kind), in the order
     recorded (a test may compare one tensor more than once)."""
+    table: dict = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                e = json.loads(line)
+                table.setdefault((e["test"], e["tensor"], e["dtype"], e["kind"]), []).append((e["rel_rms"], e["max_abs"]))
+    return table
+
+
+def recorded_errors(path: str) -> dict:
+    """:func:`read_errors` of the baseline, read once per process."""
     if path not in _baselines:
-        table: dict = {}
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    e = json.loads(line)
-                    key = (e["test"], e["tensor"], e["dtype"], e["kind"])
-                    table.setdefault(key, []).append((e["rel_rms"], e["max_abs"]))
-        _baselines[path] = table
+        _baselines[path] = read_errors(path)
     return _baselines[path]
 
 

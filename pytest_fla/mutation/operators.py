@@ -271,13 +271,11 @@ def _broadcast(node: ast.Subscript, source: SourceMap) -> Iterator[Edit]:
 
 
 def _atom(node: ast.AST, source: SourceMap) -> str:
-    text = source.segment(node)
-    return text if isinstance(node, ATOMS) and not isinstance(node, ast.Constant) or (
-        isinstance(node, ast.Constant) and not str(text).startswith("-")) else f"({text})"
+    text = source.segment(node)  # a negative literal is a UnaryOp, so parenthesised
+    return text if isinstance(node, ATOMS) else f"({text})"
 
 
 def _node_rewrites(node: ast.AST, source: SourceMap) -> Iterator[Edit]:
-    lines = (getattr(node, "lineno", 0), getattr(node, "end_lineno", 0))
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)) \
             and isinstance(node.left, ast.BinOp) and type(node.left.op) is type(node.op) and _holds_float(node):
         sign = " + " if isinstance(node.op, ast.Add) else " * "
@@ -288,10 +286,8 @@ def _node_rewrites(node: ast.AST, source: SourceMap) -> Iterator[Edit]:
         yield _whole(node, source, "reciprocal", f"{a} * (1.0 / {b})")
     elif isinstance(node, ast.Call) and _called_name(node) == "exp" and isinstance(node.func, ast.Attribute) \
             and len(node.args) == 1 and not node.keywords:
-        start, end = source.span(node)
         module = source.segment(node.func.value)
-        yield Edit("exp_as_exp2", start, end, source.text[start:end],
-                   f"{module}.exp2({_atom(node.args[0], source)} * {LOG2_E})", lines)
+        yield _whole(node, source, "exp_as_exp2", f"{module}.exp2({_atom(node.args[0], source)} * {LOG2_E})")
 
 
 def _holds_float(node: ast.AST) -> bool:

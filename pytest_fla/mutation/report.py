@@ -23,6 +23,7 @@ from .runner import Outcome
 from .sites import Mutant
 
 COLUMNS = ("killed", "timeout", "survived", "equivalent", "invalid", "error")
+SHOWN = ("killed", "ratchet", *COLUMNS[1:])  # the table's count columns
 RATCHET_MARK = "error ratchet:"
 
 
@@ -64,7 +65,7 @@ def score(counts: dict) -> float | None:
 def table(ops: dict, rewrites: bool = False) -> str:
     """The per-op table, then the totals (``ops``: op -> {"sites", "mutants": [...]});
     ``rewrites``: the last column is the false fails (killed over judged)."""
-    header = ("op", "sites", "run", "killed", "ratchet", *COLUMNS[1:], "false fails" if rewrites else "score")
+    header = ("op", "sites", "run", *SHOWN, "false fails" if rewrites else "score")
     rows = []
     total = {c: 0 for c in (*COLUMNS, "ratchet", "total")}
     sites = not_run = 0
@@ -75,10 +76,9 @@ def table(ops: dict, rewrites: bool = False) -> str:
         sites += data["sites"]
         not_run += data.get("not_run", 0)
         run = f"{counts['total']} (+{data['not_run']} not run)" if data.get("not_run") else counts["total"]
-        rows.append((op, data["sites"], run, *(counts[c] for c in ("killed", "ratchet", *COLUMNS[1:])),
-                     _percent(score(counts))))
+        rows.append((op, data["sites"], run, *(counts[c] for c in SHOWN), _percent(score(counts))))
     run = f"{total['total']} (+{not_run} not run)" if not_run else total["total"]
-    rows.append(("all", sites, run, *(total[c] for c in ("killed", "ratchet", *COLUMNS[1:])), _percent(score(total))))
+    rows.append(("all", sites, run, *(total[c] for c in SHOWN), _percent(score(total))))
     widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
     out = [" | ".join(str(h).ljust(w) for h, w in zip(header, widths)),
            "-|-".join("-" * w for w in widths)]
@@ -94,19 +94,10 @@ def error_growth(baseline: str | Path, measured: str | Path) -> dict:
     """How a run's recorded errors (``measured``) compare with the baseline's, comparison by
     comparison (matched as ``checks.tolerance`` matches them): the largest relative-RMS
     ratio, each error plus the ratchet's floor, and how many of them differ at all."""
-    from pytest_fla.checks.tolerance import ratchet_floor
+    from pytest_fla.checks.tolerance import ratchet_floor, read_errors
 
-    def load(path) -> dict:
-        table: dict = {}
-        if Path(path).exists():
-            for text in Path(path).read_text().splitlines():
-                if text.strip():
-                    e = json.loads(text)
-                    table.setdefault((e["test"], e["tensor"], e["dtype"], e["kind"]), []).append(
-                        (e["rel_rms"], e["max_abs"]))
-        return table
-
-    before, after = load(baseline), load(measured)
+    before = read_errors(baseline)
+    after = read_errors(measured) if Path(measured).exists() else {}  # none: died before comparing
     worst, changed, compared = 1.0, 0, 0
     for key, errors in after.items():
         floor = ratchet_floor(key[2])
