@@ -262,11 +262,11 @@ VARIANTS["fused_recurrent_rwkv6"] = {
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
 def _norm_fwd(elements: int, warps: int | None = None):
-    """The norms' forward row tile: about ``elements`` values a program, ``warps`` warps."""
+    """The norms' forward row tile (gated or not): about ``elements`` values a program, ``warps`` warps."""
     def wrap(base):
         import kernels.norm as norm
 
-        def tile(D):
+        def tile(D, gated=False):
             rows, block_d, default_warps = norm._tile_config(D, elements)
             return rows, block_d, warps or default_warps
         return tile
@@ -280,6 +280,15 @@ NORM_FORWARD = {
     "fwd tile 4096, 8 warps": _norm_fwd(4096, 8),
     "fwd tile 8192": _norm_fwd(8192),
     "fwd tile 16384": _norm_fwd(16384),
+    # fewer threads a row tile: more values a thread (2 warps: 16), more programs an SM
+    "fwd tile 512, 2 warps": _norm_fwd(512, 2),
+    "fwd tile 1024, 2 warps": _norm_fwd(1024, 2),
+    "fwd tile 256, 1 warp": _norm_fwd(256, 1),
+    "fwd tile 512, 1 warp": _norm_fwd(512, 1),
+    "fwd tile 1024, 1 warp": _norm_fwd(1024, 1),
+    "fwd tile 2048, 1 warp": _norm_fwd(2048, 1),
+    "fwd tile 2048, 2 warps": _norm_fwd(2048, 2),
+    "fwd tile 1024, 8 warps": _norm_fwd(1024, 8),
     "fwd 4 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 4),
     "fwd 8 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8),
     "fwd 8 programs an SM, tile 4096": [("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 8), _norm_fwd(4096)],

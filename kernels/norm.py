@@ -64,6 +64,20 @@ def _sigmoid(g):
 
 
 @triton.jit
+def _gate(g, GATE: tl.constexpr):
+    """act(g) alone, for the forward: swish as ``g / (1 + 2^(-g log2(e)))``, one approximate
+    divide where ``g * sigmoid(g)`` took a reciprocal, its flush and a multiply (two
+    instructions an element fewer, offline SASS, sm90). g < -87 gives -0 (the divisor is
+    past 2^126), as swish's value there rounds to."""
+    if GATE == 1:
+        if _INTERPRETING:
+            return g * tl.sigmoid(g)
+        return libdevice.fast_dividef(g, 1.0 + libdevice.exp2(-1.4426950408889634 * g))
+    else:
+        return _sigmoid(g)
+
+
+@triton.jit
 def _gate_and_slope(g, GATE: tl.constexpr):
     """act(g) and act'(g): swish g*s(g) -> s (1 + g (1 - s)); sigmoid s -> s (1 - s)."""
     s = _sigmoid(g)
@@ -95,11 +109,13 @@ def _param_tile(p, D, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
 @triton.jit
 def _norm_fwd_kernel(
     x, g, weight, bias, y,
-    rows, D, stride_x, stride_g, eps,
+    rows, D, stride_x, stride_g, inv_D, eps,
     MEAN: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, GATE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
-    """Program ``p`` handles row blocks p, p + P, ... (one each when P covers them all)."""
+    """Program ``p`` handles row blocks p, p + P, ... (one each when P covers them all).
+    ``inv_D``: 1 / D in float32, from the host (a divide in every program was nine
+    instructions, offline SASS, sm90)."""
     # the parameters as whole [BLOCK_R, BLOCK_D] tiles, every row a copy: loaded in the row
     # tiles' own layout (cached reads), where a [BLOCK_D] vector broadcast over the rows went
     # through shared memory and a barrier in every program
@@ -113,7 +129,7 @@ def _norm_fwd_kernel(
         xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
         ss = tl.sum(xv * xv, axis=1)
         if MEAN:
-            ss = ss / D
+            ss = ss * inv_D
         z = xv * tl.math.rsqrt(ss + eps)[:, None]
         if HAS_WEIGHT:
             z = z * w
@@ -121,8 +137,7 @@ def _norm_fwd_kernel(
             z = z + b
         if GATE != 0:
             g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-            act, _ = _gate_and_slope(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
-            z = z * act
+            z = z * _gate(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
         y_ptrs, _ = _row_tile(y, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
         tl.store(y_ptrs, z.to(y.dtype.element_ty), mask=mask)
 
@@ -203,21 +218,36 @@ BWD_TILE_ELEMENTS_NO_PARAMS = 2048
 # (benchmarks/results/, the sweeps of 2026-11-27). Cache hints for data read once
 # (evict-first loads, streaming stores) were slower: 0.303 and 0.188 ms
 FWD_TILE_ELEMENTS = 1024
+# The gated form's forward (three streams, a sigmoid an element): 512 values a program on
+# one warp a row tile of 128, 16 values a thread. On the H200 (bf16, 1048576 rows of 128,
+# 7-9 rounds, two runs, 2026-11-29): 0.195 ms where 1024 on 4 warps took 0.213 (the
+# peer's 0.193); 512 on 2 warps 0.212, 1024 on 1 warp 0.252, 256 on 1 warp 0.321; looping
+# programs, 8 an SM, each loading its next row block before normalising this one, 0.202.
+# The ungated forms lose with it (rms_norm 0.164 against 0.131 ms). Not yet timed on an H100
+# (benchmarks/results/sweeps/norm_forward_h200.json)
+FWD_TILE_ELEMENTS_GATED = 512
+FWD_VALUES_PER_THREAD_GATED = 16
 # Forward programs a multiprocessor, each looping over row blocks; 0: one row block a
 # program. 4 and 8 a multiprocessor were slower in the same sweep (rms_norm_gated 0.322,
 # 0.289 ms; l2norm 0.193, 0.192)
 FWD_PROGRAMS_PER_SM = 0
 
 
-def _tile_config(D: int, elements: int):
-    """(BLOCK_R, BLOCK_D, num_warps): whole rows, about ``elements`` values a program."""
+def _tile_config(D: int, elements: int, values_per_thread: int | None = None):
+    """(BLOCK_R, BLOCK_D, num_warps): whole rows, about ``elements`` values a program; 4 to 16
+    warps (8 values a thread at 1024), or ``values_per_thread`` on 1 to 16 warps."""
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_R = max(1, elements // BLOCK_D)
-    num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 256))
+    if values_per_thread:
+        num_warps = min(16, max(1, BLOCK_R * BLOCK_D // (32 * values_per_thread)))
+    else:
+        num_warps = min(16, max(4, BLOCK_R * BLOCK_D // 256))
     return BLOCK_R, BLOCK_D, num_warps
 
 
-def _forward_tile(D: int):
+def _forward_tile(D: int, gated: bool = False):
+    if gated:
+        return _tile_config(D, FWD_TILE_ELEMENTS_GATED, FWD_VALUES_PER_THREAD_GATED)
     return _tile_config(D, FWD_TILE_ELEMENTS)
 
 
@@ -238,13 +268,13 @@ def _forward(x, g, weight, bias, eps, mean, gate):
     rows = x2.shape[0]
     y = _utils.empty((rows, D), x.dtype, x.device)
     if rows > 0:
-        BLOCK_R, BLOCK_D, num_warps = _forward_tile(D)
+        BLOCK_R, BLOCK_D, num_warps = _forward_tile(D, gate != GATE_NONE)
         programs = _utils.cdiv(rows, BLOCK_R)
         if FWD_PROGRAMS_PER_SM:
             programs = min(programs, FWD_PROGRAMS_PER_SM * _partials.multiprocessor_count(x.device))
         _norm_fwd_kernel[(programs,)](
             x2, g2, weight, bias, y,
-            rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, eps,
+            rows, D, _row_stride(x2), _row_stride(g2) if g2 is not None else 0, 1.0 / D, eps,
             MEAN=mean, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, GATE=gate,
             BLOCK_R=BLOCK_R, BLOCK_D=BLOCK_D, EVEN_D=BLOCK_D == D, num_warps=num_warps, **COMPILE_OPTIONS,
         )
