@@ -10,7 +10,7 @@ PY=${PYTHON:-$PWD/.venv/bin/python}
 # alone (the suite 526 s against 568 s with the default split, one run each, 2 cores)
 TRITON_INTERPRET=1 "$PY" -m pytest -n "${FLA_WORKERS:-2}" --dist worksteal -q -p no:randomly "$@"
 # the conformance suite's bf16 checks, skipped above (the interpreter's bf16 is wrong), with the
-# GPU's bf16 arithmetic patched in: what only bf16 work runs is checked without a GPU (413 s)
+# GPU's bf16 arithmetic patched in: what only bf16 work runs is checked without a GPU (436 s)
 [ $# -eq 0 ] && TRITON_INTERPRET=1 "$PY" -m pytest tests/test_conformance.py -k bf16 --fla-bf16-emulated \
   -n "${FLA_WORKERS:-2}" -q -p no:randomly
 PYTHON=$PY bash ci/example.sh
