@@ -75,6 +75,9 @@ LINEAR = dict(B=4, T=4096, H=16, K=128, V=128)
 # of K = 256 and V = 512, as the default layer (hidden 2048) runs them
 WIDE_V = dict(B=4, T=4096, H=6, K=256, V=512)
 MODULE = dict(B=8, T=4096, H=32, D=128)
+# the gated norm at the layer's default value head (512: head_dim 256 x expand_v 2), the same
+# number of elements as MODULE
+WIDE_MODULE = dict(B=8, T=4096, H=8, D=512)
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
 # Softmax attention: dense causal against every SDPA backend (every head its own k and v
@@ -155,9 +158,9 @@ def dplr_inputs(names=("q", "gk")):
     return make
 
 
-def module_inputs(kind: str):
+def module_inputs(kind: str, dims=MODULE):
     def make():
-        B, T, H, D = MODULE["B"], MODULE["T"], MODULE["H"], MODULE["D"]
+        B, T, H, D = dims["B"], dims["T"], dims["H"], dims["D"]
         if kind == "rotary":
             return dict(q=rand(B, T, H, D), k=rand(B, T, H, D))
         if kind == "norm":  # a learnable weight, as the peer's RMSNorm module carries
@@ -399,6 +402,8 @@ BENCHES = [
     Bench("l2norm", "kernels.l2norm", "fla.modules.l2norm.l2norm", module_inputs("x"), ("x",)),
     Bench("rms_norm", "kernels.rms_norm", "fla.modules.RMSNorm", module_inputs("norm"), ("x", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
     Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
+    Bench("rms_norm_gated_v512", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated", WIDE_MODULE), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(WIDE_MODULE["D"], eps=1e-6),
+          notes=["D = 512, the GatedDeltaNet layer's default value head (shapes: wide_module)"]),
     Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), call=call_conv, peer_call=call_conv),
     Bench("parallel_attn_vs_sdpa", "kernels.parallel_attn", "torch.nn.functional.scaled_dot_product_attention", attention_inputs(False), ("q", "k", "v"),
           flops=attention_flops(False), peer_variants={name: sdpa_call(backend) for name, backend in SDPA_BACKENDS.items()},
@@ -794,7 +799,7 @@ def write_report(device, rates, host, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
               "host": host,
-              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "wide_module": WIDE_MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
                          "layer": {**LAYER, **LAYER_SHAPE}, "layer_defaults": {**LAYER_DEFAULTS, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)

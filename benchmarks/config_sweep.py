@@ -305,6 +305,12 @@ VARIANTS["rms_norm_gated"] = {
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
 }
 VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD}
+# the gated norm at the layer's default value head, D = 512 (one row a 512-value tile)
+VARIANTS["rms_norm_gated_v512"] = {
+    "default": [],
+    **{label: NORM_FORWARD[label] for label in ("fwd tile 1024", "fwd tile 512, 2 warps", "fwd tile 1024, 2 warps",
+                                                "fwd tile 2048, 4 warps", "fwd tile 1024, 1 warp")},
+}
 
 
 def _attention(**kernels):

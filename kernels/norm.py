@@ -223,8 +223,9 @@ FWD_TILE_ELEMENTS = 1024
 # 7-9 rounds, two runs, 2026-11-29): 0.195 ms where 1024 on 4 warps took 0.213 (the
 # peer's 0.193); 512 on 2 warps 0.212, 1024 on 1 warp 0.252, 256 on 1 warp 0.321; looping
 # programs, 8 an SM, each loading its next row block before normalising this one, 0.202.
-# The ungated forms lose with it (rms_norm 0.164 against 0.131 ms). Not yet timed on an H100
-# (benchmarks/results/sweeps/norm_forward_h200.json)
+# At D = 512 (GatedDeltaNet's default value head, one row a tile) 0.189 ms against 0.226 for
+# 1024 values on 4 warps (2 warps 0.212). The ungated forms lose with it (rms_norm 0.164
+# against 0.131 ms). Not yet timed on an H100 (benchmarks/results/sweeps/norm_forward_h200.json)
 FWD_TILE_ELEMENTS_GATED = 512
 FWD_VALUES_PER_THREAD_GATED = 16
 # Forward programs a multiprocessor, each looping over row blocks; 0: one row block a
