@@ -18,9 +18,9 @@ where the last line follows from ``d r / d x_k = -r^3 x_k / c``:
 ``x`` instead of saving it (one read of ``x`` either way, no extra buffer).
 
 Kernels: one forward and one backward row kernel. Rows (every leading index, flattened)
-go on grid axis 0 in blocks of ``BLOCK_R`` rows when rows are short, so that a block
-holds about a thousand values (forward) or eight thousand (backward); each row is held
-whole in registers (``D <= MAX_DIM``). The forward's programs loop over row blocks (one
+go on grid axis 0 in blocks of ``BLOCK_R`` rows when rows are short, so that a block holds
+about a thousand values (forward; the gated form 512 on fewer warps) or eight thousand
+(backward); each row is held whole in registers (``D <= MAX_DIM``). The forward's programs loop over row blocks (one
 each at the default ``FWD_PROGRAMS_PER_SM``).
 The backward runs a fixed number of programs that loop over row blocks and keep their
 share of ``dweight`` / ``dbias`` in registers, written once to a ``[P, D]`` buffer and
