@@ -20,8 +20,8 @@ where the last line follows from ``d r / d x_k = -r^3 x_k / c``:
 Kernels: one forward and one backward row kernel. Rows (every leading index, flattened)
 go on grid axis 0 in blocks of ``BLOCK_R`` rows when rows are short, so that a block holds
 about a thousand values (forward; the gated form 512 on fewer warps) or eight thousand
-(backward); each row is held whole in registers (``D <= MAX_DIM``). The forward's programs loop over row blocks (one
-each at the default ``FWD_PROGRAMS_PER_SM``).
+(backward); each row is held whole in registers (``D <= MAX_DIM``). The forward's programs
+loop over row blocks (one each at the default ``FWD_PROGRAMS_PER_SM``).
 The backward runs a fixed number of programs that loop over row blocks and keep their
 share of ``dweight`` / ``dbias`` in registers, written once to a ``[P, D]`` buffer and
 summed by ``_partials.column_sum`` (deterministic, no atomics). Accumulation is float32.
@@ -60,19 +60,25 @@ def _sigmoid(g):
     interpreter has no libdevice."""
     if _INTERPRETING:
         return tl.sigmoid(g)
-    return libdevice.fast_dividef(1.0, 1.0 + libdevice.exp2(-1.4426950408889634 * g))
+    return libdevice.fast_dividef(1.0, _one_plus_exp_neg(g))
+
+
+@triton.jit
+def _one_plus_exp_neg(g):
+    """``1 + e^(-g)`` as ``1 + 2^(-g log2(e))``, the flush-to-zero approximate exp2."""
+    return 1.0 + libdevice.exp2(-1.4426950408889634 * g)
 
 
 @triton.jit
 def _gate(g, GATE: tl.constexpr):
     """act(g) alone, for the forward: swish as ``g / (1 + 2^(-g log2(e)))``, one approximate
-    divide where ``g * sigmoid(g)`` took a reciprocal, its flush and a multiply (two
-    instructions an element fewer, offline SASS, sm90). g < -87 gives -0 (the divisor is
+    divide where ``g * sigmoid(g)`` took a reciprocal, its flush and a multiply (one
+    instruction an element fewer, offline SASS, sm90). g < -87 gives -0 (the divisor is
     past 2^126), as swish's value there rounds to."""
     if GATE == 1:
         if _INTERPRETING:
             return g * tl.sigmoid(g)
-        return libdevice.fast_dividef(g, 1.0 + libdevice.exp2(-1.4426950408889634 * g))
+        return libdevice.fast_dividef(g, _one_plus_exp_neg(g))
     else:
         return _sigmoid(g)
 
@@ -114,7 +120,7 @@ def _norm_fwd_kernel(
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     """Program ``p`` handles row blocks p, p + P, ... (one each when P covers them all).
-    ``inv_D``: 1 / D in float32, from the host (a divide in every program was nine
+    ``inv_D``: 1 / D in float32, from the host (a divide in every program was eight
     instructions, offline SASS, sm90)."""
     # the parameters as whole [BLOCK_R, BLOCK_D] tiles, every row a copy: loaded in the row
     # tiles' own layout (cached reads), where a [BLOCK_D] vector broadcast over the rows went
