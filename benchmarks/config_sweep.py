@@ -98,6 +98,15 @@ def _conv(fwd=None, bwd=None):
     return patches
 
 
+# the prepare kernel's value block and stages, the output kernel's stages (K = V = 128)
+_GDR_PREPARE_OUTPUT = {
+    "prepare 3 stages": _gdr(prepare_stages=3),
+    "prepare BV 128, 3 stages": _gdr(prepare_BV=128, prepare_stages=3),
+    "output 3 stages": _gdr(output_stages=3),
+    "prepare BV 128, 3 stages, output 3 stages": _gdr(prepare_BV=128, prepare_stages=3, output_stages=3),
+}
+
+
 # op -> {variant: patch or list of patches}; a patch is (module, attribute, base -> replacement)
 VARIANTS = {
     "chunk_gla": {
@@ -179,7 +188,9 @@ VARIANTS = {
         "default": [],
         "state BV 32": _gdr(state_BV=32),
         "output BK 128": _gdr(output_BK=128),
+        **_GDR_PREPARE_OUTPUT,
     },
+    "chunk_delta_rule": {"default": [], **_GDR_PREPARE_OUTPUT},
     # K = 256, V = 512 (GatedDeltaNet's head dims): the [256, BV] state of the sequential
     # pass, 8 warps and one stage at BV 64, is 192 programs at B = 4, HV = 6 on 132
     # multiprocessors
@@ -198,6 +209,19 @@ VARIANTS = {
         "output BK 128": _gdr(output_BK=128),
         "prepare BV 128": _gdr(prepare_BV=128),
         "prepare 8 warps": _gdr(prepare_warps=8),
+        "prepare 3 stages": _gdr(prepare_stages=3),
+        "prepare BK 128": _gdr(prepare_BK=128),
+        "prepare BK 128, BV 128": _gdr(prepare_BK=128, prepare_BV=128),
+        "prepare BV 128, 3 stages": _gdr(prepare_BV=128, prepare_stages=3),
+        "output 8 warps": _gdr(output_warps=8),
+        "output 3 stages": _gdr(output_stages=3),
+        "output BV 64, 3 stages": _gdr(output_BV=64, output_stages=3),
+        "output BK 128, 8 warps": _gdr(output_BK=128, output_warps=8),
+        "state 8 warps, 2 stages": _gdr(state_warps=8, state_stages=2),
+        "prepare BV 128, 3 stages, output 3 stages": _gdr(prepare_BV=128, prepare_stages=3, output_stages=3),
+        "prepare BK 128, BV 128, 3 stages": _gdr(prepare_BK=128, prepare_BV=128, prepare_stages=3),
+        "prepare BV 128, 4 stages": _gdr(prepare_BV=128, prepare_stages=4),
+        "prepare BV 256, 3 stages": _gdr(prepare_BV=256, prepare_stages=3),
     },
 }
 VARIANTS["chunk_kda"] = {
@@ -213,6 +237,8 @@ VARIANTS["chunk_kda"] = {
     "intra 16 warps": _kda(prepare_warps=16),
     "intra BK 32, 16 warps": _kda(prepare_BK=32, prepare_warps=16),
     "intra BK 32": _kda(prepare_BK=32),
+    "prepare BV 128": _kda(prepare_BV=128),
+    "output 3 stages": _kda(output_stages=3),
     "grad BK 64 (before)": _kda(grad_BK=64),
     "grad BK 32, 16 warps": _kda(grad_warps=16),
     "grad BK 32, 4 warps": _kda(grad_warps=4),

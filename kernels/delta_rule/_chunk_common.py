@@ -136,10 +136,17 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     # the reverse state pass stages q, k, w, P and dO each chunk: two stages of fp32 tiles
     # need the 228 KB parts (measured 173 KB at K = 128 against sm80's 163 KB)
     grad_pipelined = 1 if (small_smem or (wide and not large_smem)) else 2
+    # The chunk-parallel forward kernels on the 228 KB parts in bf16 / fp16: the prepare
+    # kernel's value tiles 128 wide and three stages of its loads, three of the output
+    # kernel's. Forward on the H200 (config_sweep.py): chunk_gated_delta_rule 0.461 -> 0.424
+    # ms, chunk_delta_rule 0.346 -> 0.330, at K = 256, V = 512 0.776 -> 0.730; chunk_kda
+    # (its own prepare kernel) unchanged, 0.808 -> 0.807. fp32 was not timed: it keeps two.
+    deep_forward = large_smem and not wide
     return Configs(
         BK_full=BK_full,
         BKS=min(64, BK_full),
-        prepare_BK=BK, prepare_BV=BV, prepare_warps=4, prepare_stages=2,
+        prepare_BK=BK, prepare_BV=min(128, BV_full) if deep_forward else BV, prepare_warps=4,
+        prepare_stages=3 if deep_forward else 2,
         # three stages of the state pass's loads where 228 KB allow them (sm80 overflows):
         # 0.45 ms against 0.50 at two for the gated forward (config_sweep.py, H200, K = V = 128).
         # At K = 256 (V = 512: chunk_gated_delta_rule_v512) two stages fit the 228 KB parts
@@ -147,7 +154,8 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
         # which the pass took 1.00), 4 warps beating 8 at either stage count (H200)
         state_BV=min(64, BV_full), state_warps=4,
         state_stages=(2 if big_state else 3) if large_smem else (1 if big_state else pipelined),
-        output_BK=BK, output_BV=min(128, BV_full), output_warps=4, output_stages=1 if (small_smem and wide) else 2,
+        output_BK=BK, output_BV=min(128, BV_full), output_warps=4,
+        output_stages=3 if deep_forward else 1 if (small_smem and wide) else 2,
         state_grad_BV=min(32, BV_full), state_grad_warps=4, state_grad_stages=1 if big_state else grad_pipelined,
         # fp32 on the 100 KB parts: 32-wide blocks (Triton 3.8 needs 114688 bytes at 64,
         # 98304 at 32, against a limit of 101376; 3.6 needs 98304 at 64)
