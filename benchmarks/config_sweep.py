@@ -98,8 +98,10 @@ def _conv(fwd=None, bwd=None):
     return patches
 
 
-# the prepare kernel's value block and stages, the output kernel's stages (K = V = 128)
+# the prepare kernel's value block and stages, the output kernel's stages (every delta-rule
+# size); the default took the last since (bf16 on the 228 KB parts), "(before)" is the one before it
 _GDR_PREPARE_OUTPUT = {
+    "prepare BV 64, 2 stages, output 2 stages (before)": _gdr(prepare_BV=64, prepare_stages=2, output_stages=2),
     "prepare 3 stages": _gdr(prepare_stages=3),
     "prepare BV 128, 3 stages": _gdr(prepare_BV=128, prepare_stages=3),
     "output 3 stages": _gdr(output_stages=3),
@@ -209,16 +211,13 @@ VARIANTS = {
         "output BK 128": _gdr(output_BK=128),
         "prepare BV 128": _gdr(prepare_BV=128),
         "prepare 8 warps": _gdr(prepare_warps=8),
-        "prepare 3 stages": _gdr(prepare_stages=3),
         "prepare BK 128": _gdr(prepare_BK=128),
         "prepare BK 128, BV 128": _gdr(prepare_BK=128, prepare_BV=128),
-        "prepare BV 128, 3 stages": _gdr(prepare_BV=128, prepare_stages=3),
         "output 8 warps": _gdr(output_warps=8),
-        "output 3 stages": _gdr(output_stages=3),
         "output BV 64, 3 stages": _gdr(output_BV=64, output_stages=3),
         "output BK 128, 8 warps": _gdr(output_BK=128, output_warps=8),
         "state 8 warps, 2 stages": _gdr(state_warps=8, state_stages=2),
-        "prepare BV 128, 3 stages, output 3 stages": _gdr(prepare_BV=128, prepare_stages=3, output_stages=3),
+        **_GDR_PREPARE_OUTPUT,
         "prepare BK 128, BV 128, 3 stages": _gdr(prepare_BK=128, prepare_BV=128, prepare_stages=3),
         "prepare BV 128, 4 stages": _gdr(prepare_BV=128, prepare_stages=4),
         "prepare BV 256, 3 stages": _gdr(prepare_BV=256, prepare_stages=3),
