@@ -209,7 +209,10 @@ def _norm_bwd_kernel(
 
 # Values per row tile of the backward (whole rows; config_sweep.py times others). On the
 # H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
-# at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25)
+# at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25).
+# The row loop software-pipelined (tl.range num_stages=2: the next blocks' loads issued
+# ahead) was slower on the H200 (rms_norm_gated's kernel 0.416 ms against 0.371, rms_norm
+# 0.284 against 0.274; 2026-11-29, benchmarks/results/README.md, "Speed against the peer")
 BWD_TILE_ELEMENTS = 8192
 # The same with no parameter gradient to sum (l2norm, norms without weight or bias): one
 # row block a program. On the H100 (l2norm, bf16, 262144 rows of 128, forward+backward,

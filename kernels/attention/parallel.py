@@ -512,7 +512,10 @@ CONFIGS = {
         # takes forward+backward from 2.896 ms (64 x 64, pointer loads) to 2.584
         # (benchmarks/results/sweeps/attention_descriptors_h200.json); dk/dv as one masked
         # loop with q and do through descriptors: 2.446 against 2.511
-        # (sweeps/attention_dkdv_one_loop_h200.json)
+        # (sweeps/attention_dkdv_one_loop_h200.json). Triton 3.6's Hopper warp specialization
+        # (tl.range warp_specialize) on the forward's unmasked key loop: the pass fails at 4
+        # warps, and at 8 warps took 0.624 ms (128 x 64) and 0.710 (128 x 128) against 0.607
+        # (H200, 2026-11-29, benchmarks/results/README.md, "Speed against the peer")
         (200 * KB, (64, 64, 4, 3, True), (64, 64, 4, 2, True, False), (128, 64, 8, 3, True)),
         (160 * KB, (128, 64, 8, 2), (32, 128, 8, 2), (64, 32, 4, 2)),
         (0, (128, 64, 4, 2), (32, 128, 4, 2), (128, 32, 4, 2)),
