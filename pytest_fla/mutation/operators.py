@@ -281,13 +281,22 @@ def _node_rewrites(node: ast.AST, source: SourceMap) -> Iterator[Edit]:
         sign = " + " if isinstance(node.op, ast.Add) else " * "
         a, b, c = (_atom(n, source) for n in (node.left.left, node.left.right, node.right))
         yield _whole(node, source, "reassociate", f"{a}{sign}({b}{sign}{c})")
-    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and not _is_unit(node.left):
+        # (a numerator of +-1 is skipped: 1.0 * (1.0 / b) rounds as 1.0 / b does, an edit
+        # that cannot move an error)
         a, b = _atom(node.left, source), _atom(node.right, source)
         yield _whole(node, source, "reciprocal", f"{a} * (1.0 / {b})")
     elif isinstance(node, ast.Call) and _called_name(node) == "exp" and isinstance(node.func, ast.Attribute) \
             and len(node.args) == 1 and not node.keywords:
         module = source.segment(node.func.value)
         yield _whole(node, source, "exp_as_exp2", f"{module}.exp2({_atom(node.args[0], source)} * {LOG2_E})")
+
+
+def _is_unit(node: ast.AST) -> bool:
+    """The literal 1 or -1 (int or float)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float) and node.value == 1
 
 
 def _holds_float(node: ast.AST) -> bool:
