@@ -35,7 +35,7 @@ from .ops import registry
 from .report import time_split
 from .running import distribute, fleet, gpu_memory
 from .running.devices import is_interpreter
-from .targets import interpreter, toolchain
+from .targets import interpreter, interpreter_exp, toolchain
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
     device_mismatch,
@@ -277,6 +277,7 @@ def pytest_configure(config):
     config.stash[repro.SANITIZER_TOOLS] = state.tools
     if is_interpreter():
         interpreter.skip_repeated_patching()
+        interpreter_exp.install()
         interpreter_memcheck.install()
         if config.option.fla_bf16_emulated:
             from .targets import interpreter_bf16
@@ -336,6 +337,9 @@ def pytest_report_header(config):
     if any(t.mode == targets.INTERPRETER for t in state.targets) and config.option.fla_bf16_emulated:
         lines.append("fla interpreter bf16: checked, with the GPU's bf16 arithmetic patched in "
                      "(pytest_fla/targets/interpreter_bf16.py; --fla-bf16-emulated)")
+    if any(t.mode == targets.INTERPRETER for t in state.targets):
+        lines.append("fla interpreter exp: float32 tl.exp as a GPU computes it, exp2 of x * log2(e) rounded to "
+                     "float32 (pytest_fla/targets/interpreter_exp.py)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():
         lines.append("fla interpreter memcheck: every load, store and atomic checked against its launch's tensor "
                      "arguments, every store against its program's unordered earlier ones of other values "

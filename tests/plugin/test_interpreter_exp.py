@@ -1,0 +1,97 @@
+"""The interpreter's float32 ``tl.exp`` made the GPU's (``pytest_fla/targets/interpreter_exp.py``),
+and the compiler output it copies, read from an offline compile."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pytest_fla.targets import interpreter_exp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+COMPILED = textwrap.dedent("""
+    import re, sys
+    import triton, triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def kernel(x, y, BLOCK: tl.constexpr):
+        c = tl.arange(0, BLOCK)
+        tl.store(y + c, tl.exp(tl.load(x + c)))
+
+    source = ASTSource(fn=kernel, signature={"x": "*fp32", "y": "*fp32", "BLOCK": "constexpr"},
+                       constexprs={"BLOCK": 128})
+    ptx = triton.compile(source, target=GPUTarget("cuda", int(sys.argv[1]), 32)).asm["ptx"]
+    arithmetic = [line.split()[0] for line in ptx.splitlines()
+                  if re.match(r"\\s*(mul|fma|ex2|call|lg2|div)\\.", line) and ".wide." not in line]
+    print(" ".join(arithmetic), "0f3FB8AA3B" in ptx, "__nv_exp" in ptx)
+""")
+
+
+@pytest.mark.parametrize("arch", [80, 90, 100])
+def test_a_gpu_computes_a_float32_exp_as_ex2_of_a_rounded_product(arch, tmp_path):
+    """What the stand-in copies: Triton lowers ``tl.exp`` of float32 to a float32 multiply by
+    log2(e) (0f3FB8AA3B) and ``ex2.approx.f32`` of the product, no libdevice call (an
+    offline compile, out of the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / "compile_exp.py"  # a file: Triton reads a jit function's source
+    script.write_text(COMPILED)
+    run = subprocess.run([sys.executable, str(script), str(arch)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["mul.f32", "ex2.approx.f32", "True", "False"], run.stdout
+
+
+def test_gpu_exp_rounds_the_product_to_float32():
+    x = np.array([-50.0, -20.5, -1.0, 0.0, 3.25], dtype=np.float32)
+    product = (x.astype(np.float64) * np.float64(np.float32(1.4426950408889634))).astype(np.float32)
+    assert np.array_equal(interpreter_exp.gpu_exp(x), np.exp2(product))
+    assert interpreter_exp.gpu_exp(x).dtype == np.float32
+    assert np.array_equal(interpreter_exp.gpu_exp(x.astype(np.float64)), np.exp(x.astype(np.float64)))
+
+
+PATCHED = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+    from pytest_fla.targets import interpreter_exp
+
+    @triton.jit
+    def kernel(x, e, e2, BLOCK: tl.constexpr):
+        c = tl.arange(0, BLOCK)
+        b_x = tl.load(x + c)
+        tl.store(e + c, tl.exp(b_x))
+        tl.store(e2 + c, tl.exp2(b_x * 1.4426950408889634))
+
+    def launch():
+        x = -torch.linspace(40.0, 60.0, 256)
+        e, e2 = torch.empty(256), torch.empty(256)
+        kernel[(1,)](x, e, e2, BLOCK=256)
+        exact = torch.exp(x.double())
+        return torch.equal(e, e2), float(((e.double() - exact) / exact).abs().max())
+
+    same_before, error_before = launch()
+    assert interpreter_exp.install() and interpreter_exp.install()  # idempotent
+    same_after, error_after = launch()
+    print(same_before, same_after, error_before, error_after)
+""")
+
+
+def test_the_patched_interpreter_computes_exp_as_a_gpu():
+    """Unpatched, the interpreter's exp is within a unit of float32 where exp2 of the rounded
+    product is off by tens of units (x in [-60, -40]); patched, the two forms are the same
+    bits, as on a GPU."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
+    run = subprocess.run([sys.executable, "-c", PATCHED], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    same_before, same_after, error_before, error_after = run.stdout.split()
+    assert same_before == "False" and same_after == "True"
+    eps = 2.0 ** -24  # half a unit of float32
+    assert float(error_before) < 4 * eps < 16 * eps < float(error_after) < 100 * eps
