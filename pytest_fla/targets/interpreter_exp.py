@@ -17,22 +17,24 @@ other dtypes keep numpy's. The plugin installs it whenever kernels run in the in
 
 from __future__ import annotations
 
-import numpy as np
-
-LOG2E = np.float32(1.4426950408889634)
+LOG2E = 1.4426950408889634
 
 
-def gpu_exp(x: np.ndarray) -> np.ndarray:
-    """``exp`` of a float32 array as ``ex2(x * log2(e))`` with the product rounded to float32."""
+def gpu_exp(x):
+    """``exp`` of a numpy float32 array as ``ex2(x * log2(e))`` with the product rounded to
+    float32 (numpy is imported here: a controller that only coordinates workers has none)."""
+    import numpy as np
+
     if x.dtype != np.float32:
         return np.exp(x)
-    return np.exp2(np.multiply(x, LOG2E, dtype=np.float32))
+    return np.exp2(np.multiply(x, np.float32(LOG2E), dtype=np.float32))
 
 
 def install() -> bool:
     """Patch this process's interpreter (idempotent); False where its shape is not the one
     this was written for (then nothing is patched)."""
     try:
+        import numpy  # noqa: F401  (gpu_exp's)
         from triton.runtime import interpreter
     except ImportError:
         return False
