@@ -4,7 +4,6 @@ and the compiler output it copies, read from an offline compile."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
