@@ -2,7 +2,7 @@
 structure switches) of the slow kernels, and the kernels as they were (a baseline tree).
 
     python benchmarks/config_sweep.py [--ops chunk_gla,causal_conv1d] [--jobs 16] [--phase compile|time|all]
-                                      [--baseline .carry/baseline] [--profile] [--out FILE]
+                                      [--baseline .carry/baseline] [--profile] [--graphs] [--out FILE]
 
 Each variant overrides one kernel's config and leaves the others at the op's defaults;
 ``default`` is what the op picks today; ``baseline`` is the same op imported from another
@@ -13,7 +13,8 @@ the fair bench's (``bench.py``): B=4 T=4096 H=16 K=V=128 bf16, conv B=8 T=4096 D
 Variants compile first, in parallel processes (one per op and variant, into the shared
 Triton cache); then each op's variants are timed one after another in one fresh process
 per op (the baseline in its own) on the idle GPU, forward and forward+backward, as the
-median of ``--rounds`` rounds that each time every variant once. ``--profile`` adds, for
+median of ``--rounds`` rounds that each time every variant once; ``--graphs`` times each
+call's CUDA-graph replay instead (the kernels alone, for host-bound lines). ``--profile`` adds, for
 the default and the baseline, each kernel's share of a call (torch.profiler). A variant
 that fails to compile or run is reported with its error; after a CUDA fault (an illegal
 address: Triton 3.6 makes some of the gate-level kernels fault at 4 warps on sm90) the op's
@@ -286,16 +287,28 @@ VARIANTS["fused_recurrent_rwkv6"] = {
     "dq pass BV 64, 4 warps": _recurrent(dq=(64, 4)),
 }
 VARIANTS["fused_recurrent_simple_gla"] = dict(VARIANTS["fused_recurrent_gla"])
-def _norm_fwd(elements: int, warps: int | None = None):
-    """The norms' forward row tile (gated or not): about ``elements`` values a program, ``warps`` warps."""
+def _norm_tile(chooser: str, elements: int, warps: int | None = None):
+    """One of the norms' row-tile choosers (``_forward_tile``, ``_backward_tile``) replaced:
+    about ``elements`` values a program on ``warps`` warps (the backward's tile without a
+    parameter gradient, l2norm's, kept)."""
     def wrap(base):
         import kernels.norm as norm
 
-        def tile(D, gated=False):
+        def tile(D, *flags):
+            if chooser == "_backward_tile" and not flags[0]:
+                return base(D, *flags)
             rows, block_d, default_warps = norm._tile_config(D, elements)
             return rows, block_d, warps or default_warps
         return tile
-    return ("kernels.norm", "_forward_tile", wrap)
+    return ("kernels.norm", chooser, wrap)
+
+
+def _norm_fwd(elements: int, warps: int | None = None):
+    return _norm_tile("_forward_tile", elements, warps)
+
+
+def _norm_bwd(elements: int, warps: int | None = None):
+    return _norm_tile("_backward_tile", elements, warps)
 
 
 NORM_FORWARD = {
@@ -322,19 +335,30 @@ NORM_FORWARD = {
     "fwd 16 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 16),
     "fwd 12 programs an SM, looping": ("kernels.norm", "FWD_PROGRAMS_PER_SM", lambda base: 12),
 }
-VARIANTS["rms_norm_gated"] = {
-    "default": [],
-    **NORM_FORWARD,
-    "bwd tile 4096": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 4096),
-    "bwd tile 8192": ("kernels.norm", "BWD_TILE_ELEMENTS", lambda base: 8192),
+NORM_BACKWARD = {
+    "bwd tile 4096": _norm_bwd(4096),
+    "bwd tile 8192, 8 warps": _norm_bwd(8192, 8),
+    "bwd tile 4096, 4 warps": _norm_bwd(4096, 4),
+    "bwd tile 2048, 2 warps": _norm_bwd(2048, 2),
+    "bwd tile 1024, 2 warps": _norm_bwd(1024, 2),
+    "bwd tile 1024, 1 warp": _norm_bwd(1024, 1),
+    "bwd tile 512, 1 warp": _norm_bwd(512, 1),
+    "bwd tile 16384": _norm_bwd(16384),
     "bwd 2x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
+    "bwd 4x programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 4)),
+    "bwd 2x programs, tile 4096, 4 warps": [("kernels.norm", "_partials", lambda base: _more_programs(base, 2)),
+                                            _norm_bwd(4096, 4)],
+    "bwd half the programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 0.5)),
+    "bwd a quarter of the programs": ("kernels.norm", "_partials", lambda base: _more_programs(base, 0.25)),
 }
-VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD}
+VARIANTS["rms_norm_gated"] = {"default": [], **NORM_FORWARD, **NORM_BACKWARD}
+VARIANTS["rms_norm"] = {"default": [], **NORM_FORWARD, **NORM_BACKWARD}
 # the gated norm at the layer's default value head, D = 512 (one row a 512-value tile)
 VARIANTS["rms_norm_gated_v512"] = {
     "default": [],
     **{label: NORM_FORWARD[label] for label in ("fwd tile 1024", "fwd tile 512, 2 warps", "fwd tile 1024, 2 warps",
                                                 "fwd tile 2048, 4 warps", "fwd tile 1024, 1 warp")},
+    **NORM_BACKWARD,
 }
 
 
@@ -441,11 +465,12 @@ VARIANTS["chunk_rwkv6"].update({label: v for label, v in VARIANTS["chunk_gla"].i
 
 def _more_programs(partials_module, factor: int):
     """A stand-in for ``kernels._partials`` whose ``partial_programs`` plans ``factor`` times
-    the programs (capped by the work items)."""
+    the programs (capped by the work items; a factor under 1: fewer)."""
     import types
 
     def partial_programs(device, work_items, num_warps):
-        return min(work_items, factor * partials_module.partial_programs(device, work_items, num_warps))
+        planned = partials_module.partial_programs(device, work_items, num_warps)
+        return max(1, min(work_items, int(factor * planned)))
     return types.SimpleNamespace(partial_programs=partial_programs, column_sum=partials_module.column_sum,
                                  multiprocessor_count=partials_module.multiprocessor_count)
 
@@ -500,8 +525,11 @@ def _restore(undo):
 LOST = "not run: an earlier variant's CUDA fault"
 
 
-def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None, profile: bool) -> dict:
-    """In this process: ``op``'s variants, each timed once per round, medians over rounds."""
+def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None, profile: bool,
+                  graphs: bool = False) -> dict:
+    """In this process: ``op``'s variants, each timed once per round, medians over rounds.
+    ``graphs``: each variant's call captured once in a CUDA graph and the replay timed (its
+    kernels' time, no host time: ``bench.Side.graphed``)."""
     if baseline:
         sys.path.insert(0, HERE)
         import bench  # noqa: F401 - puts this tree on the path first; the baseline goes before it
@@ -517,6 +545,8 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
             side = _side(op)
             side.forward()
             side.forward_backward()
+            if graphs:  # captured under this variant's patches: the replays need none
+                side.graphed("fwd"), side.graphed("fwd_bwd")
             torch.cuda.synchronize()
             sides[label] = side
         except Exception as e:  # noqa: BLE001 - reported in the table
@@ -538,9 +568,15 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
             side = sides[label]
             undo = [] if baseline else apply(op, label)
             try:
-                results[label]["fwd"].append(do_bench(side.forward, warmup=25, rep=100, return_mode="median"))
-                results[label]["fwd_bwd"].append(do_bench(side.forward_backward, warmup=25, rep=100,
-                                                          grad_to_none=side.grad_tensors, return_mode="median"))
+                if graphs:
+                    results[label]["fwd"].append(do_bench(side.graphed("fwd"), warmup=25, rep=100,
+                                                          return_mode="median"))
+                    results[label]["fwd_bwd"].append(do_bench(side.graphed("fwd_bwd"), warmup=25, rep=100,
+                                                              return_mode="median"))
+                else:
+                    results[label]["fwd"].append(do_bench(side.forward, warmup=25, rep=100, return_mode="median"))
+                    results[label]["fwd_bwd"].append(do_bench(side.forward_backward, warmup=25, rep=100,
+                                                              grad_to_none=side.grad_tensors, return_mode="median"))
             finally:
                 _restore(undo)
     out = {}
@@ -613,6 +649,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", default=None, help="a tree holding the kernels/ package to compare with")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--graphs", action="store_true", help="time each call's CUDA-graph replay (no host time)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--match", default=None, help="only the variants whose label matches this regex (and the default)")
     args = ap.parse_args()
@@ -646,7 +683,7 @@ def main():
                 + ([(["default"], baseline)] if baseline else []))
         while runs:
             labels, base = runs.pop(0)
-            code = _prelude() + f"import json; print(json.dumps(s.time_variants({op!r}, {labels!r}, {args.rounds}, {base!r}, {args.profile})))"
+            code = _prelude() + f"import json; print(json.dumps(s.time_variants({op!r}, {labels!r}, {args.rounds}, {base!r}, {args.profile}, {args.graphs})))"
             try:
                 r = _python(code, 560)
                 result = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else None

@@ -4,7 +4,8 @@
 #                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine;
 #                                         # FLA_BENCH_GPUS=2: the ops dealt to two GPUs, timed at once)
 #   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
-#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it; FLA_SWEEP_ROUNDS)
+#                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it; FLA_SWEEP_ROUNDS;
+#                                         # FLA_SWEEP_GRAPHS=1: CUDA-graph replays, the kernels without host time)
 #   bash benchmarks/gpu_run.sh accuracy [--ops a,b]  # each op's bf16 errors beside the peer's (peer_accuracy.py,
 #                                         # its kernels warmed first; --max-ratio 1.2)
 #   bash benchmarks/gpu_run.sh ncu        # hardware counters (occupancy, stall reasons) of the chunk-parallel level
@@ -72,7 +73,7 @@ case "$part" in
     timeout 330 python3 benchmarks/config_sweep.py --phase compile --jobs "${FLA_SWEEP_JOBS:-16}" --baseline .carry/baseline \
       ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} > "$LOGS/sweep_compile.log" 2>&1
     timeout -s INT "${FLA_SWEEP_TIMEOUT:-230}" python3 benchmarks/config_sweep.py --phase time --baseline .carry/baseline --profile \
-      --rounds "${FLA_SWEEP_ROUNDS:-3}" \
+      --rounds "${FLA_SWEEP_ROUNDS:-3}" ${FLA_SWEEP_GRAPHS:+--graphs} \
       ${FLA_SWEEP_OPS:+--ops $FLA_SWEEP_OPS} ${FLA_SWEEP_MATCH:+--match "$FLA_SWEEP_MATCH"} --out "$LOGS/sweep.json" > "$LOGS/sweep.log" 2>&1
     echo "== compile:"; tail -n 5 "$LOGS/sweep_compile.log"
     echo "== sweep:"; grep -v '^{' "$LOGS/sweep.log"

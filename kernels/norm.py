@@ -19,9 +19,10 @@ where the last line follows from ``d r / d x_k = -r^3 x_k / c``:
 
 Kernels: one forward and one backward row kernel. Rows (every leading index, flattened)
 go on grid axis 0 in blocks of ``BLOCK_R`` rows when rows are short, so that a block holds
-about a thousand values (forward; the gated form 512 on fewer warps) or eight thousand
-(backward); each row is held whole in registers (``D <= MAX_DIM``). The forward's programs
-loop over row blocks (one each at the default ``FWD_PROGRAMS_PER_SM``).
+about a thousand values (forward; the gated form 512 on fewer warps) or one to eight
+thousand, 32 a thread (backward: ``_backward_tile``); each row is held whole in registers
+(``D <= MAX_DIM``). The forward's programs loop over row blocks (one each at the default
+``FWD_PROGRAMS_PER_SM``).
 The backward runs a fixed number of programs that loop over row blocks and keep their
 share of ``dweight`` / ``dbias`` in registers, written once to a ``[P, D]`` buffer and
 summed by ``_partials.column_sum`` (deterministic, no atomics). Accumulation is float32.
@@ -207,13 +208,24 @@ def _norm_bwd_kernel(
             tl.store(row + HAS_WEIGHT * D, tl.sum(acc_db, axis=0), mask=c < D)
 
 
-# Values per row tile of the backward (whole rows; config_sweep.py times others). On the
-# H100 (rms_norm_gated, 262144 rows of 128, bf16) its kernel took 0.47 ms at 2048, 0.32 ms
-# at 8192: more bytes in flight per program (benchmarks/results/, the sweep of 2026-11-25).
-# The row loop software-pipelined (tl.range num_stages=2: the next blocks' loads issued
-# ahead) was slower on the H200 (rms_norm_gated's kernel 0.416 ms against 0.371, rms_norm
-# 0.284 against 0.274; 2026-11-29, benchmarks/results/README.md, "Speed against the peer")
+# The backward's row tile with a parameter gradient to sum (whole rows; config_sweep.py
+# times others): about BWD_TILE_ELEMENTS values (the gated form: BWD_TILE_ELEMENTS_GATED,
+# at rows over 128 the narrower one) on the warps that give each thread
+# BWD_VALUES_PER_THREAD of them, the programs looping over row blocks. On the H200 (bf16,
+# 1048576 rows of 128 or 262144 of 512, forward+backward as CUDA-graph replays, 7 rounds,
+# 2026-11-29, benchmarks/results/sweeps/norm_backward_h200.json), against 8192 values on 16
+# warps (8 a thread), the tile before: rms_norm 0.338 ms against 0.410 (1024 values on 1
+# warp 0.361, 16384 on 16 warps 0.383, twice the programs 0.432); rms_norm_gated 0.526 at
+# 4096 on 4 warps against 0.569 (2048 on 2 warps 0.530, 8192 on 8 warps 0.644: the gate's
+# operands on top spill); at rows of 512, 1024 on 1 warp 0.572 against 0.674 (4096 on 4
+# warps 0.617). On the H100 (rms_norm_gated, 262144 rows of 128) 8192 values had taken the
+# kernel from 0.47 ms at 2048 (4 warps) to 0.32. The row loop software-pipelined (tl.range
+# num_stages=2: the next blocks' loads issued ahead) was slower on the H200 (rms_norm_gated's
+# kernel 0.416 ms against 0.371, rms_norm 0.284 against 0.274; 2026-11-29, with the tile before)
 BWD_TILE_ELEMENTS = 8192
+BWD_TILE_ELEMENTS_GATED = 4096
+BWD_TILE_ELEMENTS_GATED_WIDE = 1024
+BWD_VALUES_PER_THREAD = 32
 # The same with no parameter gradient to sum (l2norm, norms without weight or bias): one
 # row block a program. On the H100 (l2norm, bf16, 262144 rows of 128, forward+backward,
 # fastest of 7 rounds, 2026-11-27): 2048 0.4469 ms, 4096 0.4472, 1024 0.4479, 8192 0.4494,
@@ -261,6 +273,16 @@ def _forward_tile(D: int, gated: bool = False):
     return _tile_config(D, FWD_TILE_ELEMENTS)
 
 
+def _backward_tile(D: int, param_grads: bool, gated: bool = False):
+    if not param_grads:
+        return _tile_config(D, BWD_TILE_ELEMENTS_NO_PARAMS)
+    if gated:
+        elements = BWD_TILE_ELEMENTS_GATED if D <= 128 else BWD_TILE_ELEMENTS_GATED_WIDE
+    else:
+        elements = BWD_TILE_ELEMENTS
+    return _tile_config(D, elements, BWD_VALUES_PER_THREAD)
+
+
 def _rows_view(t: torch.Tensor) -> torch.Tensor:
     """``t`` as ``[rows, D]`` with unit column stride, copying only when no such view exists."""
     t2 = t.reshape(-1, t.shape[-1])
@@ -299,7 +321,7 @@ def _backward(x, g, weight, bias, dy, eps, mean, gate):
     dx = _utils.empty((rows, D), x.dtype, x.device)
     dg = _utils.empty((rows, D), g.dtype, g.device) if g is not None else None
     slots = (weight is not None) + (bias is not None)
-    BLOCK_R, BLOCK_D, num_warps = _tile_config(D, BWD_TILE_ELEMENTS if slots else BWD_TILE_ELEMENTS_NO_PARAMS)
+    BLOCK_R, BLOCK_D, num_warps = _backward_tile(D, slots > 0, gate != GATE_NONE)
     blocks = _utils.cdiv(rows, BLOCK_R)
     # one row block a program when there is no parameter gradient to sum
     programs = _partials.partial_programs(x.device, blocks, num_warps) if slots else max(1, blocks)
