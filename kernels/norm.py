@@ -134,6 +134,13 @@ def _norm_fwd_kernel(
         row_start = block * BLOCK_R  # rows < 2**31; _row_tile widens to int64
         x_ptrs, mask = _row_tile(x, rows, stride_x, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
         xv = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if GATE != 0:
+            # g's loads issued with x's, before the row sums: written after them, ptxas left
+            # one of the six 16-byte loads behind the shuffles (offline SASS, sm90), and the
+            # kernel took 0.189 ms against 0.184 (H200, 1048576 rows of 128, bf16, 2026-11-29,
+            # benchmarks/results/sweeps/norm_forward_gate_load_h200.json)
+            g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
+            act = _gate(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
         ss = tl.sum(xv * xv, axis=1)
         if MEAN:
             ss = ss * inv_D
@@ -143,8 +150,7 @@ def _norm_fwd_kernel(
         if HAS_BIAS:
             z = z + b
         if GATE != 0:
-            g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
-            z = z * _gate(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
+            z = z * act
         y_ptrs, _ = _row_tile(y, rows, D, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
         tl.store(y_ptrs, z.to(y.dtype.element_ty), mask=mask)
 
