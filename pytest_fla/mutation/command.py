@@ -178,8 +178,9 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         note = "equivalent: " + reason if entry["outcome"] == "equivalent" else (
             "listed as equivalent: a stale entry" if entry.get("stale_equivalence_entry") else "")
         if growth is not None and growth["compared"]:
-            note = "; ".join(filter(None, (note, f"errors x{growth['rms_ratio']}, {growth['changed']} of "
-                                                f"{growth['compared']} comparisons changed")))
+            note = "; ".join(filter(None, (note, f"errors x{growth['rms_ratio']}, {growth['limit_used']:.0%} of the "
+                                                f"ratchet's limit, {growth['changed']} of {growth['compared']} "
+                                                "comparisons changed")))
         with lock:
             print(report.line(op, mutant, outcome, note, entry["outcome"]), flush=True)
             if outcome.status == "invalid" and reserves[op]:

@@ -10,8 +10,10 @@ the share of them killed.
 
 Each mutant's record also says how its errors compare with the baseline's
 (``error_growth``): the largest ratio of its relative RMS errors to the recorded ones, each
-plus the ratchet's floor, and how many of its comparisons differ from the record at all
-(none: the edit changed no value the checks see).
+plus the ratchet's floor; the largest share of the ratchet's limit that one of its errors
+reached (``limit_used``; 1 or more: the ratchet fails it), which is how near a rewrite came
+to a false fail; and how many of its comparisons differ from the record at all (none: the
+edit changed no value the checks see).
 """
 
 from __future__ import annotations
@@ -93,19 +95,22 @@ def _percent(value: float | None) -> str:
 def error_growth(baseline: str | Path, measured: str | Path) -> dict:
     """How a run's recorded errors (``measured``) compare with the baseline's, comparison by
     comparison (matched as ``checks.tolerance`` matches them): the largest relative-RMS
-    ratio, each error plus the ratchet's floor, and how many of them differ at all."""
-    from pytest_fla.checks.tolerance import ratchet_floor, read_errors
+    ratio, each error plus the ratchet's floor; the largest share of the ratchet's limits
+    (relative RMS and max) reached; and how many of them differ at all."""
+    from pytest_fla.checks.tolerance import ratchet_floor, ratchet_limits, read_errors
 
     before = read_errors(baseline)
     after = read_errors(measured) if Path(measured).exists() else {}  # none: died before comparing
-    worst, changed, compared = 1.0, 0, 0
+    worst, used, changed, compared = 1.0, 0.0, 0, 0
     for key, errors in after.items():
         floor = ratchet_floor(key[2])
         for recorded, now in zip(before.get(key, []), errors):
             compared += 1
             changed += recorded != now
             worst = max(worst, (now[0] + floor) / (recorded[0] + floor))
-    return {"rms_ratio": round(worst, 3), "changed": changed, "compared": compared}
+            rms_limit, max_limit = ratchet_limits(recorded, key[2])
+            used = max(used, now[0] / rms_limit, now[1] / max_limit)
+    return {"rms_ratio": round(worst, 3), "limit_used": round(used, 3), "changed": changed, "compared": compared}
 
 
 def result_entry(mutant: Mutant, outcome: Outcome, equivalent_reason: str | None) -> dict:
