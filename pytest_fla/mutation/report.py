@@ -10,9 +10,9 @@ the share of them killed.
 
 Each mutant's record also says how its errors compare with the baseline's
 (``error_growth``): the largest ratio of its relative RMS errors to the recorded ones, each
-plus the ratchet's floor; the largest share of the ratchet's limit that one of its errors
-reached (``limit_used``; 1 or more: the ratchet fails it), which is how near a rewrite came
-to a false fail; and how many of its comparisons differ from the record at all (none: the
+plus the ratchet's floor; the largest share of the ratchet's limit that one of its changed
+errors reached (``limit_used``; 1 or more: the ratchet fails it; 0: nothing changed), which
+is how near a rewrite came to a false fail; and how many of its comparisons differ from the record at all (none: the
 edit changed no value the checks see).
 """
 
@@ -96,7 +96,7 @@ def error_growth(baseline: str | Path, measured: str | Path) -> dict:
     """How a run's recorded errors (``measured``) compare with the baseline's, comparison by
     comparison (matched as ``checks.tolerance`` matches them): the largest relative-RMS
     ratio, each error plus the ratchet's floor; the largest share of the ratchet's limits
-    (relative RMS and max) reached; and how many of them differ at all."""
+    (relative RMS and max) that a changed error reached; and how many of them differ at all."""
     from pytest_fla.checks.tolerance import ratchet_floor, ratchet_limits, read_errors
 
     before = read_errors(baseline)
@@ -108,8 +108,9 @@ def error_growth(baseline: str | Path, measured: str | Path) -> dict:
             compared += 1
             changed += recorded != now
             worst = max(worst, (now[0] + floor) / (recorded[0] + floor))
-            rms_limit, max_limit = ratchet_limits(recorded, key[2])
-            used = max(used, now[0] / rms_limit, now[1] / max_limit)
+            if recorded != now:  # an unchanged error is always within its limit
+                rms_limit, max_limit = ratchet_limits(recorded, key[2])
+                used = max(used, now[0] / rms_limit, now[1] / max_limit)
     return {"rms_ratio": round(worst, 3), "limit_used": round(used, 3), "changed": changed, "compared": compared}
 
 

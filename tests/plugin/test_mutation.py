@@ -404,6 +404,8 @@ def test_error_growth_against_the_baseline(tmp_path):
     assert growth["rms_ratio"] == pytest.approx((3e-7 + floor) / (2e-7 + floor), abs=1e-3)
     # 3e-7 against the limits 1.25 x 2e-7 + floor (relative RMS) and 2 x 2e-7 + floor (max)
     assert growth["limit_used"] == pytest.approx(3e-7 / (1.25 * 2e-7 + floor), abs=1e-3)
+    write(tmp_path / "run.jsonl", [("o", 1e-7), ("o", 2e-7)])  # nothing changed: no share of a limit
+    assert report.error_growth(tmp_path / "base.jsonl", tmp_path / "run.jsonl")["limit_used"] == 0
     write(tmp_path / "run.jsonl", [("o", 1e-7), ("o", 2.5e-7 + 1.01 * floor)])  # past the limit
     assert report.error_growth(tmp_path / "base.jsonl", tmp_path / "run.jsonl")["limit_used"] > 1
 
