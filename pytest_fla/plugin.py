@@ -337,7 +337,7 @@ def pytest_report_header(config):
     if any(t.mode == targets.INTERPRETER for t in state.targets) and config.option.fla_bf16_emulated:
         lines.append("fla interpreter bf16: checked, with the GPU's bf16 arithmetic patched in "
                      "(pytest_fla/targets/interpreter_bf16.py; --fla-bf16-emulated)")
-    if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_exp.INSTALLED:
+    if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_exp.supported():
         lines.append("fla interpreter exp: float32 tl.exp as a GPU computes it, exp2 of x * log2(e) rounded to "
                      "float32 (pytest_fla/targets/interpreter_exp.py)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():

@@ -19,7 +19,6 @@ other dtypes keep numpy's. The plugin installs it whenever kernels run in the in
 from __future__ import annotations
 
 LOG2E = 1.4426950408889634
-INSTALLED = False  # in this process (the plugin's header line reads it)
 
 
 def gpu_exp(x):
@@ -32,20 +31,27 @@ def gpu_exp(x):
     return np.exp2(np.multiply(x, np.float32(LOG2E), dtype=np.float32))
 
 
-def install() -> bool:
-    """Patch this process's interpreter (idempotent); False where its shape is not the one
-    this was written for (then nothing is patched)."""
-    global INSTALLED
+def supported() -> bool:
+    """Whether this process's Triton interpreter has the shape :func:`install` patches (the
+    plugin's controller asks, for its header line, before its workers install it)."""
     try:
         import numpy  # noqa: F401  (gpu_exp's)
         from triton.runtime import interpreter
     except ImportError:
         return False
     builder = getattr(interpreter, "InterpreterBuilder", None)
-    if builder is None or not hasattr(builder, "create_exp") or not hasattr(builder, "unary_op"):
+    return builder is not None and hasattr(builder, "create_exp") and hasattr(builder, "unary_op")
+
+
+def install() -> bool:
+    """Patch this process's interpreter (idempotent); False where its shape is not the one
+    this was written for (then nothing is patched)."""
+    if not supported():
         return False
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
     if getattr(builder.create_exp, "fla_gpu_exp", False):
-        INSTALLED = True
         return True
 
     def create_exp(self, arg):
@@ -53,5 +59,4 @@ def install() -> bool:
 
     create_exp.fla_gpu_exp = True
     builder.create_exp = create_exp
-    INSTALLED = True
     return True

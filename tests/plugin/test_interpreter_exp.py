@@ -159,16 +159,36 @@ def test_the_patched_interpreter_gives_the_gpus_exp_within_ex2_approx(tmp_path):
     assert numpy_ulps[strong].max() > 8 * patched_ulps[strong].max()
 
 
+HEADER = "fla interpreter exp: float32 tl.exp as a GPU computes it"
+
+
 @cpu_only
 def test_the_header_line_says_whether_the_exp_is_the_gpus(pytester, monkeypatch):
-    """Said only where the patch took: an interpreter of another shape keeps numpy's exp,
+    """Said only where the patch applies: an interpreter of another shape keeps numpy's exp,
     and then the header does not claim the GPU's."""
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     patched = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly")
-    assert "fla interpreter exp: float32 tl.exp as a GPU computes it" in patched.stdout.str()
-    monkeypatch.setattr(interpreter_exp, "INSTALLED", False)
+    assert HEADER in patched.stdout.str()
+    monkeypatch.setattr(interpreter_exp, "supported", lambda: False)
     monkeypatch.setattr(interpreter_exp, "install", lambda: False)
     unpatched = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     unpatched.assert_outcomes(passed=1)
     assert "fla interpreter exp" not in unpatched.stdout.str()
+
+
+@cpu_only
+def test_the_header_line_of_a_run_over_several_targets(pytester, monkeypatch):
+    """With several targets the controller does not interpret (its interpreter worker does):
+    the line is still there, and the worker's exp is the GPU's."""
+    pytester.makepyfile(test_exp='''
+        def test_the_worker_computes_the_gpus_exp():
+            from triton.runtime import interpreter
+            assert getattr(interpreter.InterpreterBuilder.create_exp, "fla_gpu_exp", False)
+    ''')
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--fla-arch=native,sm80",
+                                           "-rA", timeout=300)
+    out = result.stdout.str()
+    assert HEADER in out, out
+    assert "test_the_worker_computes_the_gpus_exp" in out and "1 passed" in out, out
