@@ -10,7 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from plugin_testing import cpu_only, needs_gpu
+from plugin_testing import cpu_only, needs_gpu, run
 
 from pytest_fla.targets import interpreter_exp
 
@@ -45,10 +45,10 @@ def test_a_gpu_computes_a_float32_exp_as_ex2_of_a_rounded_product(arch, tmp_path
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = tmp_path / "compile_exp.py"  # a file: Triton reads a jit function's source
     script.write_text(COMPILED)
-    run = subprocess.run([sys.executable, str(script), str(arch)], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(script), str(arch)], env=env, capture_output=True, text=True,
                          timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split() == ["mul.f32", "ex2.approx.f32", "True", "False"], run.stdout
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["mul.f32", "ex2.approx.f32", "True", "False"], proc.stdout
 
 
 def test_gpu_exp_rounds_the_product_to_float32():
@@ -89,9 +89,9 @@ def test_the_patched_interpreter_computes_exp_as_a_gpu():
     product is off by tens of units (x in [-60, -40]); patched, the two forms are the same
     bits, as on a GPU."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": ROOT}
-    run = subprocess.run([sys.executable, "-c", PATCHED], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    same_before, same_after, error_before, error_after = run.stdout.split()
+    proc = subprocess.run([sys.executable, "-c", PATCHED], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    same_before, same_after, error_before, error_after = proc.stdout.split()
     assert same_before == "False" and same_after == "True"
     eps = 2.0 ** -24  # half a unit of float32
     assert float(error_before) < 4 * eps < 16 * eps < float(error_after) < 100 * eps
@@ -144,9 +144,9 @@ def test_the_patched_interpreter_gives_the_gpus_exp_within_ex2_approx(tmp_path):
         if interpret:
             env["TRITON_INTERPRET"] = interpret
         out = tmp_path / f"{where}.npy"
-        run = subprocess.run([sys.executable, str(script), where, str(tmp_path / "x.npy"), str(out)], env=env,
+        proc = subprocess.run([sys.executable, str(script), where, str(tmp_path / "x.npy"), str(out)], env=env,
                              capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stderr[-2000:]
+        assert proc.returncode == 0, proc.stderr[-2000:]
         results[where] = np.load(out)
     gpu, patched = results["gpu"], results["interpreter"]
     numpy_exp = np.exp(x)
@@ -164,15 +164,13 @@ HEADER = "fla interpreter exp: float32 tl.exp as a GPU computes it"
 
 @cpu_only
 def test_the_header_line_says_whether_the_exp_is_the_gpus(pytester, monkeypatch):
-    """Said only where the patch applies: an interpreter of another shape keeps numpy's exp,
-    and then the header does not claim the GPU's."""
-    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    """Said only where the patch applies: an interpreter of another shape (here a plugin
+    loaded first says so) keeps numpy's exp, and then the header does not claim the GPU's."""
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n",
+                        other_interpreter="import pytest_fla.targets.interpreter_exp as m\nm.supported = lambda: False\n")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    patched = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly")
-    assert HEADER in patched.stdout.str()
-    monkeypatch.setattr(interpreter_exp, "supported", lambda: False)
-    monkeypatch.setattr(interpreter_exp, "install", lambda: False)
-    unpatched = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    assert HEADER in run(pytester).stdout.str()
+    unpatched = run(pytester, "-p", "other_interpreter")
     unpatched.assert_outcomes(passed=1)
     assert "fla interpreter exp" not in unpatched.stdout.str()
 
@@ -187,8 +185,7 @@ def test_the_header_line_of_a_run_over_several_targets(pytester, monkeypatch):
             assert getattr(interpreter.InterpreterBuilder.create_exp, "fla_gpu_exp", False)
     ''')
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--fla-arch=native,sm80",
-                                           "-rA", timeout=300)
+    result = run(pytester, "--fla-arch=native,sm80", "-rA", timeout=300)
     out = result.stdout.str()
     assert HEADER in out, out
     assert "test_the_worker_computes_the_gpus_exp" in out and "1 passed" in out, out
