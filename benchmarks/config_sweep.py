@@ -463,7 +463,7 @@ VARIANTS["chunk_rwkv6"].update({label: v for label, v in VARIANTS["chunk_gla"].i
                                 if label.startswith(("qkg tf32", "qkg fp16", "qkg bf16"))})
 
 
-def _more_programs(partials_module, factor: int):
+def _more_programs(partials_module, factor: float):
     """A stand-in for ``kernels._partials`` whose ``partial_programs`` plans ``factor`` times
     the programs (capped by the work items; a factor under 1: fewer)."""
     import types

@@ -12,8 +12,8 @@ Each mutant's record also says how its errors compare with the baseline's
 (``error_growth``): the largest ratio of its relative RMS errors to the recorded ones, each
 plus the ratchet's floor; the largest share of the ratchet's limit that one of its changed
 errors reached (``limit_used``; 1 or more: the ratchet fails it; 0: nothing changed), which
-is how near a rewrite came to a false fail; and how many of its comparisons differ from the record at all (none: the
-edit changed no value the checks see).
+is how near a rewrite came to a false fail; and how many of its comparisons differ from the
+record at all (none: the edit changed no value the checks see).
 """
 
 from __future__ import annotations
