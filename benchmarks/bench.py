@@ -78,6 +78,9 @@ MODULE = dict(B=8, T=4096, H=32, D=128)
 # the gated norm at the layer's default value head (512: head_dim 256 x expand_v 2), the same
 # number of elements as MODULE
 WIDE_MODULE = dict(B=8, T=4096, H=8, D=512)
+# and either side of it, where the gated norm's backward changes tile (up to 128: 4096
+# values a tile, wider: 1024): a layer of head_dim 256 with expand_v 1, and 1024-wide heads
+GATED_NORM_WIDTHS = {D: dict(B=8, T=4096, H=4096 // D, D=D) for D in (256, 1024)}
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes
 # Softmax attention: dense causal against every SDPA backend (every head its own k and v
@@ -404,6 +407,8 @@ BENCHES = [
     Bench("rms_norm_gated", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated"), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(D, eps=1e-6)),
     Bench("rms_norm_gated_v512", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated", WIDE_MODULE), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module, peer_build=build_module(WIDE_MODULE["D"], eps=1e-6),
           notes=["D = 512, the GatedDeltaNet layer's default value head (shapes: wide_module)"]),
+    *(Bench(f"rms_norm_gated_v{D}", "kernels.rms_norm_gated", "fla.modules.FusedRMSNormGated", module_inputs("gated", dims), ("x", "g", "weight"), call=call_eps, peer_call=call_norm_module,
+            peer_build=build_module(D, eps=1e-6), notes=[f"D = {D}, H = {dims['H']} (shapes: gated_norm_widths)"]) for D, dims in GATED_NORM_WIDTHS.items()),
     Bench("causal_conv1d", "kernels.causal_conv1d", "fla.modules.causal_conv1d.causal_conv1d", module_inputs("conv"), ("x", "weight", "bias"), call=call_conv, peer_call=call_conv),
     Bench("parallel_attn_vs_sdpa", "kernels.parallel_attn", "torch.nn.functional.scaled_dot_product_attention", attention_inputs(False), ("q", "k", "v"),
           flops=attention_flops(False), peer_variants={name: sdpa_call(backend) for name, backend in SDPA_BACKENDS.items()},
@@ -544,17 +549,23 @@ def time_rounds(sides: dict, mode: str, rounds: int, warmup_ms: int, rep_ms: int
 
     names = list(sides)
     samples = {n: [] for n in names}
-    base = mode.removesuffix("_graph")
     for r in range(rounds):
         for n in (names if r % 2 == 0 else names[::-1]):
-            side = sides[n]
-            if mode != base:
-                fn, grad_to_none = side.graphed(base), None
-            else:
-                fn = side.forward if mode == "fwd" else side.forward_backward
-                grad_to_none = side.grad_tensors if mode == "fwd_bwd" else None
+            fn, grad_to_none = timed_call(sides[n], mode)
             samples[n].append(do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none, return_mode="median"))
     return samples
+
+
+def timed_call(side, mode: str):
+    """The callable that times ``side`` in ``mode`` (``fwd``, ``fwd_bwd``, or either with
+    ``_graph``: the call's CUDA-graph replay), and the gradients ``do_bench`` clears
+    between calls (an eager forward+backward's only: a replay's are its graph's own)."""
+    base = mode.removesuffix("_graph")
+    if mode != base:
+        return side.graphed(base), None
+    if base == "fwd":
+        return side.forward, None
+    return side.forward_backward, side.grad_tensors
 
 
 PEER_VARIANT = "peer "  # a peer variant's side: "peer <label>"
@@ -799,7 +810,7 @@ def write_report(device, rates, host, rounds, rows, out_path) -> str:
     report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
               "host": host,
-              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "wide_module": WIDE_MODULE, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
+              "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "wide_module": WIDE_MODULE, "gated_norm_widths": GATED_NORM_WIDTHS, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
                          "layer": {**LAYER, **LAYER_SHAPE}, "layer_defaults": {**LAYER_DEFAULTS, **LAYER_SHAPE}},
               "rows": rows, "command": " ".join(sys.argv)}
     table = format_table(report)

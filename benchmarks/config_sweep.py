@@ -361,6 +361,11 @@ VARIANTS["rms_norm_gated_v512"] = {
     **NORM_BACKWARD,
 }
 
+# either side of it: which backward tile the gated rows of 256 and of 1024 take (4096 values
+# at rows up to 128, 1024 wider: measured at 128 and 512 only)
+for _width in (256, 1024):
+    VARIANTS[f"rms_norm_gated_v{_width}"] = {"default": [], **NORM_BACKWARD}
+
 
 def _attention(**kernels):
     """parallel_attn's blocks of the named kernels (fwd, dkdv, dq) replaced: (BM, BN, warps, stages[, descriptors])."""
@@ -530,9 +535,10 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
     """In this process: ``op``'s variants, each timed once per round, medians over rounds.
     ``graphs``: each variant's call captured once in a CUDA graph and the replay timed (its
     kernels' time, no host time: ``bench.Side.graphed``)."""
+    sys.path.insert(0, HERE)
+    import bench  # this tree's bench on the path first; a baseline's kernels go before it
+
     if baseline:
-        sys.path.insert(0, HERE)
-        import bench  # noqa: F401 - puts this tree on the path first; the baseline goes before it
         sys.path.insert(0, os.path.abspath(baseline))
     import torch
     from triton.testing import do_bench
@@ -568,15 +574,10 @@ def time_variants(op: str, labels: list[str], rounds: int, baseline: str | None,
             side = sides[label]
             undo = [] if baseline else apply(op, label)
             try:
-                if graphs:
-                    results[label]["fwd"].append(do_bench(side.graphed("fwd"), warmup=25, rep=100,
-                                                          return_mode="median"))
-                    results[label]["fwd_bwd"].append(do_bench(side.graphed("fwd_bwd"), warmup=25, rep=100,
-                                                              return_mode="median"))
-                else:
-                    results[label]["fwd"].append(do_bench(side.forward, warmup=25, rep=100, return_mode="median"))
-                    results[label]["fwd_bwd"].append(do_bench(side.forward_backward, warmup=25, rep=100,
-                                                              grad_to_none=side.grad_tensors, return_mode="median"))
+                for mode in ("fwd", "fwd_bwd"):
+                    fn, grad_to_none = bench.timed_call(side, mode + ("_graph" if graphs else ""))
+                    results[label][mode].append(do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none,
+                                                         return_mode="median"))
             finally:
                 _restore(undo)
     out = {}
