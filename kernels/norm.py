@@ -215,8 +215,8 @@ def _norm_bwd_kernel(
 
 
 # The backward's row tile with a parameter gradient to sum (whole rows; config_sweep.py
-# times others): about BWD_TILE_ELEMENTS values (the gated form: BWD_TILE_ELEMENTS_GATED,
-# at rows over 128 the narrower one) on the warps that give each thread
+# times others): about BWD_TILE_ELEMENTS values (the gated form: BWD_TILE_ELEMENTS_GATED by
+# row width) on the warps that give each thread
 # BWD_VALUES_PER_THREAD of them, the programs looping over row blocks. On the H200 (bf16,
 # 1048576 rows of 128 or 262144 of 512, forward+backward as CUDA-graph replays, 7 rounds,
 # 2026-11-29, benchmarks/results/sweeps/norm_backward_h200.json), against 8192 values on 16
@@ -229,8 +229,13 @@ def _norm_bwd_kernel(
 # num_stages=2: the next blocks' loads issued ahead) was slower on the H200 (rms_norm_gated's
 # kernel 0.416 ms against 0.371, rms_norm 0.284 against 0.274; 2026-11-29, with the tile before)
 BWD_TILE_ELEMENTS = 8192
-BWD_TILE_ELEMENTS_GATED = 4096
-BWD_TILE_ELEMENTS_GATED_WIDE = 1024
+# The gated form's tile by padded row width, each width timed on its own (the same sweep at
+# rows of 256 and 1024, 2026-11-29, sweeps/norm_backward_gated_widths_h200.json): at 256,
+# 2048 values on 2 warps 0.528 ms against 0.584 on 1024 values (1 warp); at 1024, 2048 on 2
+# warps 0.573 against 0.603. Rows up to 128 take 4096, wider than 512 2048 (at 2048 and wider
+# one row a tile either way).
+BWD_TILE_ELEMENTS_GATED = {128: 4096, 256: 2048, 512: 1024}
+BWD_TILE_ELEMENTS_GATED_WIDEST = 2048
 BWD_VALUES_PER_THREAD = 32
 # The same with no parameter gradient to sum (l2norm, norms without weight or bias): one
 # row block a program. On the H100 (l2norm, bf16, 262144 rows of 128, forward+backward,
@@ -283,7 +288,7 @@ def _backward_tile(D: int, param_grads: bool, gated: bool = False):
     if not param_grads:
         return _tile_config(D, BWD_TILE_ELEMENTS_NO_PARAMS)
     if gated:
-        elements = BWD_TILE_ELEMENTS_GATED if D <= 128 else BWD_TILE_ELEMENTS_GATED_WIDE
+        elements = BWD_TILE_ELEMENTS_GATED.get(max(128, triton.next_power_of_2(D)), BWD_TILE_ELEMENTS_GATED_WIDEST)
     else:
         elements = BWD_TILE_ELEMENTS
     return _tile_config(D, elements, BWD_VALUES_PER_THREAD)

@@ -131,6 +131,10 @@ RMS_NORM_GATED = _norm_spec(
     (Case("swish", NORM_SMALL, options={"g": True, "weight": True}, gpu_dims=NORM_GPU),
      Case("sigmoid_no_weight", {**NORM_SMALL, "D": 20}, options={"g": True, "activation": "sigmoid"},
           gpu_dims={**NORM_GPU, "D": 256}),
+     # the backward's tile by row width (kernels/norm.py): rows of 256 eight to a tile, of
+     # 1024 two to a tile on the GPU, some tiles part-filled
+     Case("tile_widths", {"B": 1, "T": 5, "H": 2, "D": 256}, options={"g": True, "weight": True},
+          gpu_dims={"B": 2, "T": 333, "H": 3, "D": 1024}),
      Case("wide", {"B": 1, "T": 2, "H": 1, "D": 2000}, options={"g": True, "weight": True},
           gpu_dims={"B": 2, "T": 64, "H": 1, "D": 8192}),
      # three row blocks of 128 (D = 48): three partial-sum programs, summed in a block of four
