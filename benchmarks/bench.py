@@ -78,8 +78,8 @@ MODULE = dict(B=8, T=4096, H=32, D=128)
 # the gated norm at the layer's default value head (512: head_dim 256 x expand_v 2), the same
 # number of elements as MODULE
 WIDE_MODULE = dict(B=8, T=4096, H=8, D=512)
-# and either side of it, where the gated norm's backward changes tile (up to 128: 4096
-# values a tile, wider: 1024): a layer of head_dim 256 with expand_v 1, and 1024-wide heads
+# and either side of it, whose backward tiles were timed apart (kernels/norm.py,
+# BWD_TILE_ELEMENTS_GATED): a layer of head_dim 256 with expand_v 1, and 1024-wide heads
 GATED_NORM_WIDTHS = {D: dict(B=8, T=4096, H=4096 // D, D=D) for D in (256, 1024)}
 CONV = dict(B=8, T=4096, D=4096, W=4)
 CHUNK = 64  # the chunk length the tensor-core floor's FLOP count assumes

@@ -361,8 +361,7 @@ VARIANTS["rms_norm_gated_v512"] = {
     **NORM_BACKWARD,
 }
 
-# either side of it: which backward tile the gated rows of 256 and of 1024 take (4096 values
-# at rows up to 128, 1024 wider: measured at 128 and 512 only)
+# either side of it: the backward tiles behind BWD_TILE_ELEMENTS_GATED at rows of 256 and 1024
 for _width in (256, 1024):
     VARIANTS[f"rms_norm_gated_v{_width}"] = {"default": [], **NORM_BACKWARD}
 

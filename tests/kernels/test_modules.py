@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 import reference
 from kernels import RotaryEmbedding, apply_rotary, causal_conv1d, l2norm, rms_norm, rms_norm_gated, rotary_embedding
@@ -332,3 +333,14 @@ def test_norm_dims_beyond_the_supported_range_are_an_error():
         l2norm(torch.zeros(2, 16385, device=DEVICE))
     with pytest.raises(ValueError, match=r"`weight`.*\[8\]"):
         rms_norm(torch.zeros(2, 8, device=DEVICE), torch.zeros(9, device=DEVICE))
+
+
+@pytest.mark.parametrize("D", [16, 48, 128, 200, 256, 512, 1000, 1024, 2048, 16384])
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_backward_tile_holds_whole_rows_at_32_values_a_thread(D, gated):
+    # the register budget every backward tile with parameter gradients was timed at
+    # (kernels/norm.py): more values a thread spill, fewer left the H200's tiles slower
+    BLOCK_R, BLOCK_D, warps = norm_module._backward_tile(D, True, gated)
+    assert BLOCK_D == triton.next_power_of_2(D)
+    assert 1 <= warps <= 16
+    assert BLOCK_R * BLOCK_D == 32 * 32 * warps
