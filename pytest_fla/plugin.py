@@ -35,7 +35,7 @@ from .ops import registry
 from .report import time_split
 from .running import distribute, fleet, gpu_memory
 from .running.devices import is_interpreter
-from .targets import interpreter, interpreter_exp, toolchain
+from .targets import interpreter, interpreter_autotune, interpreter_exp, toolchain
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
     device_mismatch,
@@ -278,6 +278,7 @@ def pytest_configure(config):
     if is_interpreter():
         interpreter.skip_repeated_patching()
         interpreter_exp.install()
+        interpreter_autotune.install()
         interpreter_memcheck.install()
         if config.option.fla_bf16_emulated:
             from .targets import interpreter_bf16
@@ -556,6 +557,7 @@ def pytest_runtest_call(item):
 def pytest_runtest_makereport(item, call):
     result = yield
     run_report.annotate(item, result)
+    run_report.classify(item, call, result)
     return result
 
 

@@ -8,6 +8,7 @@ float64 reference live here too, so focused tests can reuse them.
 
 from __future__ import annotations
 
+import re
 import zlib
 
 import torch
@@ -22,6 +23,8 @@ from ..ops.packings import Packing
 from .poison import poisoned
 from ..ops.spec import Case, OpSpec, Sample, coarsest, dtype_name, torch_dtype
 from .tolerance import assert_close
+from ..report import verdicts
+from ..report.verdicts import ContractMismatch
 
 
 def seed_for(*parts) -> int:
@@ -149,8 +152,9 @@ def check_state_dtype(spec: OpSpec, dtype: str, state_dtype: str, device, seed: 
     assert state.dtype == torch_dtype(state_dtype), f"{spec.name}: the sample's state is {state.dtype}"
     out = check_backward(spec, sample, dtype, seed)
     final = dict(zip(spec.outputs, out)).get("final_state")
-    assert final is None or final.dtype == torch.float32, (
-        f"{spec.name}: the final state from a {state.dtype} initial state is {final.dtype}, not float32")
+    if final is not None and final.dtype != torch.float32:
+        raise ContractMismatch(f"{spec.name}: the final state from a {state.dtype} initial state is {final.dtype}, "
+                               "not float32 (docs/ops.md)")
 
 
 def token_masses(spec: OpSpec, sample: Sample, names, upstream, dtype: str) -> dict:
@@ -232,15 +236,72 @@ def check_agreement(spec: OpSpec, other: OpSpec, case: Case, dtype: str, device,
 
 
 def check_error_input(spec: OpSpec, error, device) -> None:
-    """The bad call raises the expected error, and launches nothing first."""
+    """The bad call raises the expected error, and launches nothing first.
+
+    How the call falls short decides what its failure says of the library
+    (``pytest_fla.report.verdicts``): another error, or none, is a rule of this contract
+    (:class:`ContractMismatch`), unless the call faulted the device or, accepted silently,
+    then read or wrote out of bounds, which the call run again between guard bands tells
+    (:func:`silent_acceptance_breaches`): a defect."""
     import pytest
 
+    expected = f"{error.error.__name__} matching {error.match!r}"
     with observe_launches() as launches:
-        with pytest.raises(error.error, match=error.match):
+        try:
             spec.op_fn(**error.kwargs)
-    assert launches.count == 0, f"{spec.name}: {launches.count} kernel launch(es) before the error"
+        except error.error as raised:
+            if not re.search(error.match, str(raised)):
+                raise ContractMismatch(f"{spec.name} ({error.name}): raised {type(raised).__name__}: {raised}; "
+                                       f"expected {expected}") from raised
+        except Exception as raised:  # noqa: BLE001 - the type of error is the finding
+            if verdicts.faulted(raised):
+                raise  # a device fault or an out-of-bounds access on the bad input: a defect
+            raise ContractMismatch(f"{spec.name} ({error.name}): raised {type(raised).__name__}: "
+                                   f"{' '.join(str(raised).split())[:300]}; expected {expected}") from raised
+        else:
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()  # a fault of the accepted call surfaces here, as a defect
+            breaches = silent_acceptance_breaches(spec, error.kwargs)
+            if breaches:
+                pytest.fail(f"{spec.name} ({error.name}): the bad input was accepted silently and the call then "
+                            f"went out of bounds: {'; '.join(breaches)} (expected {expected})", pytrace=False)
+            raise ContractMismatch(f"{spec.name} ({error.name}): DID NOT RAISE: the bad input was accepted "
+                                   f"(and stayed in bounds between guard bands); expected {expected}")
+    if launches.count:
+        raise ContractMismatch(f"{spec.name}: {launches.count} kernel launch(es) before the error")
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()  # the device is still healthy after the rejected call
+
+
+def silent_acceptance_breaches(spec: OpSpec, kwargs: dict) -> list[str]:
+    """The bad call once more, every tensor argument and allocation between guard bands
+    (``pytest_fla.checks.bounds``): what it wrote outside them, and the outputs a band's
+    NaN reached where the call's inputs hold none (a read past an input's end)."""
+    from . import bounds
+
+    records = []
+    placed = {}
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor) and bounds.placeable(value):
+            value, record = bounds.place(value.detach(), f"input `{name}`", copy=True)
+            records.append(record)
+        placed[name] = value
+    inputs_finite = all(bool(torch.isfinite(v).all()) for v in kwargs.values()
+                        if isinstance(v, torch.Tensor) and v.is_floating_point())
+    try:
+        with torch.no_grad(), bounds.banded_allocations(records):
+            out = spec.op_fn(**placed)
+        if any(r.buffer.device.type == "cuda" for r in records):
+            torch.cuda.synchronize()
+    except Exception as raised:  # noqa: BLE001 - the second call may refuse what the first let by
+        return [f"the call between guard bands raised {type(raised).__name__}: {raised}"] if verdicts.faulted(raised) else []
+    breaches = [b for record in records for b in record.breaches()]
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    if inputs_finite:
+        for index, value in enumerate(outputs):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                breaches.append(f"output {index} holds NaN/Inf from a guard band (a read past an input's end)")
+    return breaches
 
 
 def check_every_output_written(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
@@ -432,6 +493,6 @@ def check_no_host_sync(spec: OpSpec, device, seed: int) -> None:
             try:
                 spec.call(s)
             except RuntimeError as e:
-                raise AssertionError(f"{spec.name}: a device-to-host sync with {label}: {e}") from None
+                raise ContractMismatch(f"{spec.name}: a device-to-host sync with {label}: {e}") from None
             finally:
                 torch.cuda.set_sync_debug_mode("default")

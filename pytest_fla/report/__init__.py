@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 
 from .. import targets
-from . import time_split
+from . import time_split, verdicts
 
 PROPERTY_PREFIX = "fla_"
 PROCESS_SECONDS_PROPERTY = "fla_process_seconds"  # an isolated test's child processes, wall time
@@ -75,6 +75,21 @@ def annotate(item, report) -> None:
         report.user_properties.extend([("fla_host", host), ("fla_gpu", gpu or None)])
 
 
+def classify(item, call, report) -> None:
+    """Tag a failed ``report`` with its verdict (``verdicts``): from the exception where
+    the call raised one here, else from the failure's message."""
+    props = dict(report.user_properties)
+    if not report.failed or props.get("fla_op") is None or verdicts.PROPERTY in props:
+        return  # only an op's checks say something of a library
+    excinfo = getattr(call, "excinfo", None)
+    if excinfo is not None:
+        verdict, why = verdicts.of_exception(excinfo, checks=(str(item.path),))
+    else:
+        verdict, why = verdicts.from_message(outcome_reason(report)) or (None, None)
+    if verdict is not None:
+        report.user_properties.extend([(verdicts.PROPERTY, verdict), (verdicts.WHY_PROPERTY, why)])
+
+
 def check_of(nodeid: str) -> str:
     """The check a test id names, where its item is not at hand: its function less ``test_``."""
     return nodeid.partition("::")[2].partition("[")[0].removeprefix("test_")
@@ -123,6 +138,9 @@ class TestRecord:
     # in a fleet: the host it ran on (``fleet.Host.name``) and the GPU there
     host: str | None = None
     gpu: str | None = None
+    # a failure's verdict on the library (``verdicts``: defect, contract, refused, ...) and why
+    verdict: str | None = None
+    verdict_why: str | None = None
 
 
 OUTCOMES = ("passed", "failed", "skipped", "lost")  # lost: a fleet worker that was to run it went down
@@ -164,6 +182,10 @@ class RunReport:
         if report.failed:
             if record.outcome != "failed":
                 record.reason = outcome_reason(report)
+                record.verdict = props.get(verdicts.PROPERTY)
+                record.verdict_why = props.get(verdicts.WHY_PROPERTY)
+                if record.verdict is None:  # a report made where no exception was at hand
+                    record.verdict, record.verdict_why = verdicts.from_message(record.reason) or (None, None)
             record.outcome = "failed"
         elif report.skipped and record.outcome != "failed":
             record.outcome = "skipped"
@@ -194,6 +216,10 @@ class RunReport:
                 record.check, {"passed": 0, "failed": 0, "skipped": 0}
             )
             cell[record.outcome] = cell.get(record.outcome, 0) + 1
+            if record.outcome == "failed":
+                by_verdict = cell.setdefault("verdicts", {})
+                key = record.verdict or "unclassed"
+                by_verdict[key] = by_verdict.get(key, 0) + 1
             if record.host is not None:
                 hosts = cell.setdefault("hosts", [])
                 if record.host not in hosts:
@@ -217,6 +243,8 @@ class RunReport:
                     "outcome": r.outcome,
                     "duration": round(r.duration, 4),
                     "reason": r.reason,
+                    "verdict": r.verdict,
+                    "verdict_why": r.verdict_why,
                     "process_seconds": r.process_seconds,
                     "sanitizer_seconds": r.sanitizer_seconds,
                     "startup_seconds": r.startup_seconds,
@@ -232,6 +260,7 @@ class RunReport:
                 for r in self.records.values()
             ],
             "matrix": self.matrix(),
+            "verdicts": verdicts.counts(self.records.values()),
         }
 
     def write_json(self, path: str, finished: bool = True) -> None:
@@ -272,7 +301,24 @@ class RunReport:
         for split in (child_time_split(self.records.values()), in_process_time_split(self.records.values())):
             if split:
                 out.append(split)
+        verdict_line = verdicts_summary(self.records.values())
+        if verdict_line:
+            out.append(verdict_line)
         return out
+
+
+def verdicts_summary(records) -> str | None:
+    """One line: the failures by verdict, the defects (the findings) first, with the ops
+    they were found in; None where nothing failed."""
+    records = list(records)
+    found = verdicts.counts(records)
+    if not found:
+        return None
+    order = [v for v in verdicts.VERDICTS + ("unclassed",) if v in found]
+    defect_ops = sorted({r.op for r in records if r.outcome == "failed" and r.verdict == verdicts.DEFECT and r.op})
+    parts = [f"{found[v]} {v}" for v in order]
+    where = f" (defects in {', '.join(defect_ops)})" if defect_ops else ""
+    return f"failures by verdict: {', '.join(parts)}{where}; only defects are findings on the library"
 
 
 def in_process_time_split(records) -> str | None:
@@ -369,6 +415,16 @@ def outcome_reason(report) -> str | None:
     return text[:REASON_CHARS] or None
 
 
+VERDICT_LETTERS = {"defect": "D", "contract": "C", "refused": "R", "environment": "E", "harness": "H", "unclassed": "?"}
+
+
+def verdict_text(cell: dict) -> str:
+    """`` (D2 C1)``: a failed cell's failures by verdict, defects first."""
+    found = cell.get("verdicts") or {}
+    order = [v for v in verdicts.VERDICTS + ("unclassed",) if v in found]
+    return f" ({' '.join(VERDICT_LETTERS[v] + str(found[v]) for v in order)})" if order else ""
+
+
 def cell_text(cell: dict | None) -> str:
     """``pass 4``, ``FAIL 1/5``, ``skip 3``, ``LOST 2/5``, or ``-`` for no test; in a fleet
     followed by the hosts it ran on (``pass 4 @gpu-a,gpu-b``)."""
@@ -377,7 +433,7 @@ def cell_text(cell: dict | None) -> str:
     total = sum(cell.get(outcome, 0) for outcome in OUTCOMES)
     lost = f" LOST {cell['lost']}/{total}" if cell.get("lost") else ""
     if cell["failed"]:
-        text = f"FAIL {cell['failed']}/{total}{lost}"
+        text = f"FAIL {cell['failed']}/{total}{verdict_text(cell)}{lost}"
     elif cell["passed"]:
         skipped = f" +{cell['skipped']} skip" if cell["skipped"] else ""
         text = f"pass {cell['passed']}{skipped}{lost}"

@@ -13,6 +13,9 @@ A reproducer is a user's code with a short header of ``# key: value`` lines::
     # plain-under-sanitizer: <why>       (optional: under --fla-sanitizer it runs plainly
                                           only, as a ``fla_plain_only`` check does, unless
                                           --fla-sanitizer-all-tests)
+    # requires: fla-core>=0.4.0          (optional: a distribution the reproducer calls,
+                                          and the first release with its op: skipped, with
+                                          the installed release, where it is absent or older)
 
 It always runs in a fresh process (a reproducer is often the very crash the suite
 guards against), under the session's arch target, ``--fla-blocking`` and
@@ -39,6 +42,7 @@ HEADER_RE = re.compile(r"^#\s*([a-z][a-z0-9-]*)\s*:\s*(.*?)\s*$")
 EXPECT_RE = re.compile(r"^(?:pass|raises\s+(?P<exc>[A-Za-z_][\w.]*)\s*:\s*(?P<pattern>.+))$")
 REQUIRED = ("source", "seen-on", "expect")
 NEEDS = ("device", "gpu", "compiler")
+REQUIRES_RE = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)\s*(?:>=\s*(?P<least>\d+(?:\.\d+)*))?$")
 OUTPUT_TAIL_LINES = 40
 
 
@@ -71,7 +75,32 @@ class Header:
                     raise ReproHeaderError(f"{path}: `{key}: {value}` must be `pass` or `raises <Exception>: <regex>`")
         if fields.get("needs", "device") not in NEEDS:
             raise ReproHeaderError(f"{path}: `needs` must be one of {', '.join(NEEDS)}")
+        if "requires" in fields and not REQUIRES_RE.match(fields["requires"]):
+            raise ReproHeaderError(f"{path}: `requires: {fields['requires']}` must be `<distribution>` or "
+                                   "`<distribution>>=<release>`")
         return cls(fields)
+
+    def missing_requirement(self) -> str | None:
+        """Why the reproducer cannot run here (its ``requires`` distribution absent, or a
+        release older than the one its op appeared in), or None."""
+        from importlib import metadata
+
+        if "requires" not in self.fields:
+            return None
+        match = REQUIRES_RE.match(self.fields["requires"])
+        name, least = match.group("name"), match.group("least")
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return f"calls {name}, which is not installed"
+        if least and release_key(installed) < release_key(least):
+            return f"{name} {installed} lacks what it calls (first in {least})"
+        return None
+
+
+def release_key(version: str) -> tuple:
+    """``"0.4.2"`` -> ``(0, 4, 2)``, for ordering releases (a suffix such as ``.dev1`` is dropped)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
     def expectation(self, target_name: str | None) -> str:
         return self.fields.get(f"expect-{target_name}", self.fields["expect"])
@@ -108,6 +137,9 @@ class ReproItem(pytest.Item):
         self.header = header
 
     def runtest(self):
+        missing = self.header.missing_requirement()
+        if missing:
+            pytest.skip(missing)
         target = targets.current_target()
         mode = target.mode if target else None
         if self.header.needs in ("device", "gpu") and mode == targets.COMPILE_ONLY:

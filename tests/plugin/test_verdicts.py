@@ -1,0 +1,161 @@
+"""Every failure gets a verdict on the library (``pytest_fla.report.verdicts``): a defect
+(wrong, out of bounds, a crash on a valid input), a contract rule it does not promise, or
+its own refusal; only defects are findings. A toy library with one planted behaviour of
+each kind runs through the plugin, and its report must class each failure as that kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plugin_testing import cpu_only, run
+from pytest_fla.report import verdicts
+
+OPS = '''
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy(x, y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + offs, tl.load(x + offs, mask=offs < n), mask=offs < n)
+
+
+def head(x, length=None):
+    """y = the first `length` elements of the flat x (default: all), by a Triton kernel."""
+    if length is not None and not 0 < length <= x.numel():
+        raise ValueError(f"head: `length` = {length} must be in 1..{x.numel()}")
+    n = x.numel() if length is None else length
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    _copy[(triton.cdiv(n, 64),)](x, y, n, BLOCK=64)
+    return y
+
+
+def head_unchecked(x, length=None):
+    """The planted defect: `length` past x's end is accepted, and the kernel reads past it."""
+    n = x.numel() if length is None else length
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    _copy[(triton.cdiv(n, 64),)](x, y, n, BLOCK=64)
+    return y
+
+
+def head_lenient(x, length=None):
+    """Not a defect: a `length` past the end is clamped, never read past; only the contract's error is missing."""
+    return head(x, None if length is None else min(length, x.numel()))
+
+
+def head_reference(x, length=None):
+    return x.double().flatten()[: x.numel() if length is None else length]
+
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return head(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        raise NotImplementedError("head_forward_only has no backward")
+
+
+def head_forward_only(x, length=None):
+    return _NoBackward.apply(x) if length is None else head(x, length)
+
+
+def head_wrong(x, length=None):
+    return head(x, length) * 1.5
+'''
+
+CONFTEST = '''
+from pytest_fla.api import Arg, Case, ErrorInput, op_spec, with_args
+import toy_ops
+
+ARGS = {"x": Arg(("B", "T", "D"))}
+CASES = (Case("small", {"B": 1, "T": 4, "D": 8}),)
+
+def errors(spec, device):
+    kwargs = spec.sample(spec.cases[0], "fp32", device).kwargs
+    yield ErrorInput("length_past_the_end", with_args(kwargs, length=kwargs["x"].numel() + 40), ValueError, "`length`")
+
+def spec(name):
+    # only the forward-only op declares a gradient: the others' kernel has no backward
+    return op_spec(name, op=getattr(toy_ops, name), reference=toy_ops.head_reference, args=ARGS, cases=CASES,
+                   grads=("x",) if name == "head_forward_only" else (), errors=errors, outputs=("y",), varlen=False)
+
+def pytest_fla_specs(config):
+    return [spec(name) for name in ("head", "head_unchecked", "head_lenient", "head_forward_only", "head_wrong")]
+'''
+
+TESTS = "from pytest_fla.conformance import *  # noqa: F401,F403\n"
+
+
+@cpu_only
+@pytest.mark.parametrize("memcheck", ["1", "0"], ids=["interpreter_memcheck", "guard_bands_only"])
+def test_each_failure_is_classed_as_what_it_says_of_the_library(pytester, monkeypatch, memcheck):
+    # with the interpreter's own bounds check off, the silent read past the end must be
+    # found by the guard bands, as on a GPU without compute-sanitizer
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("FLA_INTERPRETER_MEMCHECK", memcheck)
+    pytester.makepyfile(toy_ops=OPS, conftest=CONFTEST, test_conformance=TESTS)
+    report = pytester.path / "report.json"
+    result = run(pytester, "-k", "forward or backward or error_inputs", f"--fla-report={report}")
+    data = json.loads(report.read_text())
+    failed = {(t["op"], t["check"]): t for t in data["tests"] if t["outcome"] == "failed"}
+    verdict = {key: t["verdict"] for key, t in failed.items()}
+    assert verdict.get(("head_unchecked", "error_inputs")) == "defect", failed.get(("head_unchecked", "error_inputs"))
+    assert failed[("head_unchecked", "error_inputs")]["verdict_why"] == "out of bounds"
+    assert verdict.get(("head_lenient", "error_inputs")) == "contract", failed.get(("head_lenient", "error_inputs"))
+    assert verdict.get(("head_forward_only", "backward")) == "refused", failed.get(("head_forward_only", "backward"))
+    assert verdict.get(("head_wrong", "forward")) == "defect"
+    assert not any(key[0] == "head" for key in failed), [k for k in failed if k[0] == "head"]
+    assert None not in verdict.values()
+    assert data["verdicts"]["defect"] >= 2 and data["verdicts"]["contract"] >= 1 and data["verdicts"]["refused"] >= 1
+    out = result.stdout.str()
+    assert "failures by verdict:" in out and "defects in head_unchecked, head_wrong" in out
+    assert "(D1)" in out and "(C1)" in out and "(R" in out  # the matrix cells say which kind each failure was
+
+
+class _Info:
+    """What ``of_exception`` reads of a ``pytest.ExceptionInfo``: the exception and its frames."""
+
+    def __init__(self, value, paths):
+        self.value = value
+        self.traceback = [type("Entry", (), {"path": p})() for p in paths]
+
+
+LIBRARY = "/site-packages/somelib/ops.py"
+PLUGIN = str(verdicts.PLUGIN_ROOT / "checks" / "generic.py")
+TORCH = "/site-packages/torch/nn/functional.py"
+
+
+@pytest.mark.parametrize("exc, paths, expected", [
+    (verdicts.ContractMismatch("the final state is torch.bfloat16, not float32"), [PLUGIN], "contract"),
+    (AssertionError("chunk_gla: o: relative RMS error 0.9 > 0.01"), [PLUGIN], "defect"),
+    (RuntimeError("Triton Error [CUDA]: invalid argument"), [PLUGIN, LIBRARY, "/site-packages/triton/x.py"], "defect"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), [PLUGIN, LIBRARY, TORCH], "defect"),
+    (NotImplementedError("backward is not implemented"), [PLUGIN, LIBRARY], "refused"),
+    (ValueError("head dim must be at most 256"), [PLUGIN, LIBRARY], "refused"),
+    (TypeError("f() got an unexpected keyword argument 'cu_seqlens_cpu'"), [PLUGIN], "contract"),
+    (RuntimeError("shape mismatch in a torch op"), [PLUGIN, LIBRARY, TORCH], "defect"),
+    (KeyError("gk"), [PLUGIN, str(verdicts.PLUGIN_ROOT / "specs" / "peer.py")], "harness"),
+    (RuntimeError("CUDA out of memory. Tried to allocate 4 GiB"), [PLUGIN, LIBRARY, TORCH], "environment"),
+    (type("InterpreterError", (RuntimeError,), {})("AttributeError(\"'int' object has no attribute 'to'\")"),
+     [PLUGIN, LIBRARY, "/site-packages/triton/runtime/interpreter.py"], "environment"),
+    (type("InterpreterError", (RuntimeError,), {})("OutOfBounds('_copy: read of 32 element(s) outside every tensor argument')"),
+     [PLUGIN, LIBRARY, "/site-packages/triton/runtime/interpreter.py"], "defect"),
+])
+def test_the_verdict_of_an_exception(exc, paths, expected):
+    assert verdicts.of_exception(_Info(exc, paths))[0] == expected
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("the test process stopped (exit -11) while running this test", "defect"),
+    ("Failed: DID NOT RAISE <class 'ValueError'>", "contract"),
+    ("2 byte(s) changed past the end of input `x`", "defect"),
+    ("chunk_gla: do were never written (still NaN from the poisoned allocation)", "defect"),
+])
+def test_the_verdict_of_a_message_alone(message, expected):
+    assert verdicts.from_message(message)[0] == expected
