@@ -18,6 +18,9 @@
 #   bash benchmarks/gpu_run.sh torchcompile  # the torch.compile checks (tests/test_torch_compile.py) on the GPU
 #   bash benchmarks/gpu_run.sh sanitizer  # simple_gla suite timed plain and under memcheck; repros under memcheck
 #                                         # (FLA_STEP_LIMITS="plain:120 memcheck:330 memcheck_module:200 repro:80": steps, limits)
+#   bash benchmarks/gpu_run.sh history [--ops a,b --checks c,d]  # the suite over every fla-core release in
+#                                         # .whl/fla-core (peer_history.py): a release x op matrix of defects;
+#                                         # resumable: a second call on the warm machine finishes the releases left
 #   bash benchmarks/gpu_run.sh peer [--fla-ops=a,b]  # the conformance suite over fla-core's ops (--fla-impl=fla), a
 #                                         # report (a markdown summary: which checks each op fails, and why), never a gate;
 #                                         # FLA_PEER_TAG names the run's files, FLA_PEER_MARKERS its -m filter;
@@ -161,6 +164,17 @@ PY
       -p no:cacheprovider --fla-report="$LOGS/torch_compile_report.json" "$@" > "$LOGS/torch_compile.log" 2>&1
     echo "torch.compile checks exit $?" >> "$LOGS/torch_compile.log"
     echo "== torch.compile checks:"; grep -E "^FAILED" "$LOGS/torch_compile.log" | sed 's/ - .*//' | head -20; tail -n 2 "$LOGS/torch_compile.log"
+    ;;
+  history)
+    # each release's report kept outside $OUT: a call cut at its limit leaves the finished
+    # releases for the next call on the same machine, which runs only the ones left
+    keep=/tmp/fla-history-reports; mkdir -p "$keep"
+    timeout -s INT -k 20 "${FLA_HISTORY_TIMEOUT:-560}" python3 benchmarks/peer_history.py run --out "$keep" \
+      --workers "${FLA_WORKERS:-16}" --timeout "${FLA_HISTORY_RELEASE_TIMEOUT:-400}" "$@" > "$LOGS/history.log" 2>&1
+    echo "history exit $?" >> "$LOGS/history.log"
+    python3 benchmarks/peer_history.py matrix "$keep" --markdown "$LOGS/matrix.md" --json "$LOGS/matrix.json" > /dev/null
+    cp "$keep"/report_*.json "$keep"/tests_*.log "$LOGS/" 2>/dev/null
+    echo "== history:"; grep -E "^== fla-core" "$LOGS/history.log"; cat "$LOGS/matrix.md"
     ;;
   peer)
     # Batch isolation (one subprocess per check and op): a device fault (a mis-shaped gate read out of bounds) fails its own test, and the

@@ -248,7 +248,7 @@ def check_error_input(spec: OpSpec, error, device) -> None:
     expected = f"{error.error.__name__} matching {error.match!r}"
     with observe_launches() as launches:
         try:
-            spec.op_fn(**error.kwargs)
+            accepted = spec.op_fn(**error.kwargs)
         except error.error as raised:
             if not re.search(error.match, str(raised)):
                 raise ContractMismatch(f"{spec.name} ({error.name}): raised {type(raised).__name__}: {raised}; "
@@ -261,7 +261,7 @@ def check_error_input(spec: OpSpec, error, device) -> None:
         else:
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()  # a fault of the accepted call surfaces here, as a defect
-            breaches = silent_acceptance_breaches(spec, error.kwargs)
+            breaches = silent_acceptance_breaches(spec, error.kwargs, accepted)
             if breaches:
                 pytest.fail(f"{spec.name} ({error.name}): the bad input was accepted silently and the call then "
                             f"went out of bounds: {'; '.join(breaches)} (expected {expected})", pytrace=False)
@@ -273,10 +273,11 @@ def check_error_input(spec: OpSpec, error, device) -> None:
         torch.cuda.synchronize()  # the device is still healthy after the rejected call
 
 
-def silent_acceptance_breaches(spec: OpSpec, kwargs: dict) -> list[str]:
+def silent_acceptance_breaches(spec: OpSpec, kwargs: dict, plain) -> list[str]:
     """The bad call once more, every tensor argument and allocation between guard bands
-    (``pytest_fla.checks.bounds``): what it wrote outside them, and the outputs a band's
-    NaN reached where the call's inputs hold none (a read past an input's end)."""
+    (``pytest_fla.checks.bounds``): what it wrote outside them, and the output elements a
+    band's NaN reached (non-finite here, finite in the ``plain`` call's result: a read past
+    an input's end; a bad input may make NaN of its own, as a negative ``eps`` does)."""
     from . import bounds
 
     records = []
@@ -286,8 +287,6 @@ def silent_acceptance_breaches(spec: OpSpec, kwargs: dict) -> list[str]:
             value, record = bounds.place(value.detach(), f"input `{name}`", copy=True)
             records.append(record)
         placed[name] = value
-    inputs_finite = all(bool(torch.isfinite(v).all()) for v in kwargs.values()
-                        if isinstance(v, torch.Tensor) and v.is_floating_point())
     try:
         with torch.no_grad(), bounds.banded_allocations(records):
             out = spec.op_fn(**placed)
@@ -296,11 +295,15 @@ def silent_acceptance_breaches(spec: OpSpec, kwargs: dict) -> list[str]:
     except Exception as raised:  # noqa: BLE001 - the second call may refuse what the first let by
         return [f"the call between guard bands raised {type(raised).__name__}: {raised}"] if verdicts.faulted(raised) else []
     breaches = [b for record in records for b in record.breaches()]
-    outputs = out if isinstance(out, (tuple, list)) else (out,)
-    if inputs_finite:
-        for index, value in enumerate(outputs):
-            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                breaches.append(f"output {index} holds NaN/Inf from a guard band (a read past an input's end)")
+    as_tuple = lambda result: result if isinstance(result, (tuple, list)) else (result,)  # noqa: E731
+    for index, (banded, unbanded) in enumerate(zip(as_tuple(out), as_tuple(plain))):
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (banded, unbanded)):
+            continue
+        if banded.shape == unbanded.shape:
+            reached = int((~torch.isfinite(banded) & torch.isfinite(unbanded)).sum())
+            if reached:
+                breaches.append(f"{reached} element(s) of output {index} are NaN/Inf between guard bands and finite "
+                                "without them (a read past an input's end)")
     return breaches
 
 

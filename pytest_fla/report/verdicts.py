@@ -49,7 +49,10 @@ class ContractMismatch(AssertionError):
 MESSAGE_RULES = (
     (r"illegal memory access|illegal instruction|device-side assert|misaligned address|unspecified launch failure|"
      r"the device faulted|the test process (?:stopped|was killed|exited)|Fatal Python error|"
-     r"compute-sanitizer reported|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]", DEFECT, "device fault"),
+     r"crashed while running|ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]", DEFECT, "device fault"),
+    (r"compute-sanitizer \w+: [1-9]\d* error", DEFECT, "compute-sanitizer's report"),
+    (r"compute-sanitizer \w+ (?:gave up waiting|ended without its summary line)", ENVIRONMENT,
+     "compute-sanitizer did not finish"),
     (r"invalid argument|invalid configuration argument|too many resources requested|OutOfResources",
      DEFECT, "launch refused on a valid input"),
     (r"out of memory|OutOfMemoryError", ENVIRONMENT, "out of memory"),
@@ -128,7 +131,7 @@ def of_exception(excinfo, checks: tuple[str, ...] = ()) -> tuple[str, str]:
         return by_message  # a device fault, a refused launch, out of memory: whoever raised it
     if _is(exc, ("InterpreterError",)) and not faulted(exc):
         return ENVIRONMENT, "Triton's CPU interpreter cannot run this kernel (a GPU can)"
-    if isinstance(exc, AssertionError) and _raiser(excinfo, checks) == "plugin":
+    if (isinstance(exc, AssertionError) or _is(exc, ("Failed",))) and _raiser(excinfo, checks) == "plugin":
         return by_message if by_message is not None else (DEFECT, "a check's assertion")
     raiser = _raiser(excinfo, checks)
     if isinstance(exc, TypeError) and by_message is not None and by_message[0] == CONTRACT:

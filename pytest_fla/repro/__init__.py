@@ -98,16 +98,17 @@ class Header:
         return None
 
 
-def release_key(version: str) -> tuple:
-    """``"0.4.2"`` -> ``(0, 4, 2)``, for ordering releases (a suffix such as ``.dev1`` is dropped)."""
-    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
-
     def expectation(self, target_name: str | None) -> str:
         return self.fields.get(f"expect-{target_name}", self.fields["expect"])
 
     @property
     def needs(self) -> str:
         return self.fields.get("needs", "device")
+
+
+def release_key(version: str) -> tuple:
+    """``"0.4.2"`` -> ``(0, 4, 2)``, for ordering releases (a suffix such as ``.dev1`` is dropped)."""
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def child_import_path(config) -> str:

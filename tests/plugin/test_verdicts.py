@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from plugin_testing import cpu_only, run
+from plugin_testing import cpu_only, needs_gpu, run
 from pytest_fla.report import verdicts
 
 OPS = '''
@@ -45,6 +45,21 @@ def head_unchecked(x, length=None):
 def head_lenient(x, length=None):
     """Not a defect: a `length` past the end is clamped, never read past; only the contract's error is missing."""
     return head(x, None if length is None else min(length, x.numel()))
+
+
+@triton.jit
+def _copy_reading_one_past(x, y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    values = tl.load(x + offs, mask=offs <= n)  # one element past the end: never stored, so no output shows it
+    tl.store(y + offs, values, mask=offs < n)
+
+
+def head_reads_one_past(x, length=None):
+    """The planted defect only a sanitizer sees: a read one element past x's end."""
+    n = x.numel() if length is None else length
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
+    _copy_reading_one_past[(triton.cdiv(n, 64),)](x, y, n, BLOCK=64)
+    return y
 
 
 def head_reference(x, length=None):
@@ -118,6 +133,21 @@ def test_each_failure_is_classed_as_what_it_says_of_the_library(pytester, monkey
     assert "(D1)" in out and "(C1)" in out and "(R" in out  # the matrix cells say which kind each failure was
 
 
+@needs_gpu
+def test_a_compute_sanitizer_report_is_a_defect(pytester):
+    """The real tool: a read one past the end that no output shows, found by memcheck's
+    re-run of the passing forward check, is classed a defect from the tool's report."""
+    conftest = CONFTEST.replace('for name in ("head", "head_unchecked", "head_lenient", "head_forward_only", "head_wrong")',
+                                'for name in ("head_reads_one_past",)')
+    pytester.makepyfile(toy_ops=OPS, conftest=conftest, test_conformance=TESTS)
+    report = pytester.path / "report.json"
+    run(pytester, "-k", "test_forward and fp32", "--fla-sanitizer=memcheck", f"--fla-report={report}")
+    tests = json.loads(report.read_text())["tests"]
+    forward = [t for t in tests if t["check"] == "forward" and t["outcome"] == "failed"]
+    assert forward, [(t["nodeid"], t["outcome"]) for t in tests]
+    assert all(t["verdict"] == "defect" for t in forward), [(t["verdict"], t["reason"]) for t in forward]
+
+
 class _Info:
     """What ``of_exception`` reads of a ``pytest.ExceptionInfo``: the exception and its frames."""
 
@@ -156,6 +186,9 @@ def test_the_verdict_of_an_exception(exc, paths, expected):
     ("Failed: DID NOT RAISE <class 'ValueError'>", "contract"),
     ("2 byte(s) changed past the end of input `x`", "defect"),
     ("chunk_gla: do were never written (still NaN from the poisoned allocation)", "defect"),
+    ("compute-sanitizer memcheck: 2 error(s)\n  Invalid __global__ read of size 4 bytes", "defect"),
+    ("compute-sanitizer racecheck gave up waiting for the program to connect (--launch-timeout)", "environment"),
+    ("worker 'gw3' crashed while running 'tests/test_conformance.py::test_forward[x]'", "defect"),
 ])
 def test_the_verdict_of_a_message_alone(message, expected):
     assert verdicts.from_message(message)[0] == expected

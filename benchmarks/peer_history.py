@@ -1,0 +1,238 @@
+"""The conformance suite over every release of the peer library: a release x op matrix of defects.
+
+    python benchmarks/peer_history.py run --wheels .whl/fla-core --out DIR [--ops a,b] [--checks forward,backward]
+                                          [--releases 0.5.2,0.6.0] [--workers N] [--timeout S]
+    python benchmarks/peer_history.py matrix DIR [--markdown PATH] [--json PATH]
+
+``run`` installs each release's wheel (``fla_core-<release>-*.whl``) into a folder of its
+own, one release at a time, and runs ``tests/test_conformance.py`` and the peer's
+reproducers (``tests/peer/repro``) with ``--fla-impl=fla`` over it, each release's
+``--fla-report`` kept as ``DIR/report_<release>.json``; a release whose finished report is
+already there is not run again, so a run cut by a device call's time limit goes on in the
+next call. Autotuning results are cached on disk (``TRITON_CACHE_AUTOTUNING``): the peer
+tunes each kernel and key once per release, not once per worker and child process. With
+no GPU the kernels run under Triton's interpreter (where the peer's ops run there at all:
+the matrix's ``environment`` verdicts say which do not).
+
+``matrix`` reads those reports: per release and op, the defects (the only findings) and
+the checks that found them; the other verdicts counted apart; an op the release lacks is
+``absent``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEEL_RE = re.compile(r"fla_core-(?P<release>\d+(?:\.\d+)+)-")
+ABSENT_RE = re.compile(r"absent in fla-core")
+# the checks a history run makes by default: everything but the 2**31-element ones (tens of
+# GiB and minutes per op) and the CPU-only ones
+DEFAULT_MARKERS = "not large_memory"
+
+
+def release_key(release: str) -> tuple:
+    return tuple(int(p) for p in release.split("."))
+
+
+def wheels(folder: Path) -> dict:
+    """release -> its wheel in ``folder``."""
+    found = {}
+    for path in folder.glob("fla_core-*.whl"):
+        match = WHEEL_RE.match(path.name)
+        if match:
+            found[match.group("release")] = path
+    return dict(sorted(found.items(), key=lambda item: release_key(item[0])))
+
+
+def install(wheel: Path, target: Path) -> None:
+    if (target / "fla").is_dir():
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--target", str(target), str(wheel)], check=True)
+
+
+def finished(report: Path) -> bool:
+    try:
+        return bool(json.loads(report.read_text()).get("finished"))
+    except (OSError, ValueError):
+        return False
+
+
+def pytest_command(args, report: Path) -> list[str]:
+    command = [sys.executable, "-m", "pytest", "tests/test_conformance.py", "tests/peer", "--fla-impl=fla",
+               "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rN", "-m", args.markers,
+               f"--fla-report={report}", f"--fla-isolate={args.isolate}"]
+    if args.ops:
+        command.append(f"--fla-ops={args.ops}")
+    if args.checks:
+        command += ["-k", " or ".join(f"test_{check}" for check in args.checks.split(",")) + " or repro"]
+    if args.workers:
+        command += ["-n", str(args.workers)]
+    return command + args.pytest_args
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    found = wheels(Path(args.wheels))
+    wanted = args.releases.split(",") if args.releases else list(found)
+    missing = [r for r in wanted if r not in found]
+    if missing:
+        print(f"peer_history: no wheel for {', '.join(missing)} in {args.wheels}", file=sys.stderr)
+        return 2
+    gpu = _has_gpu()
+    for release in wanted:
+        report = out / f"report_{release}.json"
+        if finished(report):
+            print(f"== fla-core {release}: done before ({report.name})")
+            continue
+        site = Path(args.sites) / release
+        install(found[release], site)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+                   TRITON_CACHE_AUTOTUNING="1", PYTHONUNBUFFERED="1")
+        if not gpu:
+            env["TRITON_INTERPRET"] = "1"
+        start = time.monotonic()
+        with open(out / f"tests_{release}.log", "w") as log:
+            try:
+                code = subprocess.run(pytest_command(args, report), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                code = "timed out"
+        print(f"== fla-core {release}: pytest exit {code} after {time.monotonic() - start:.0f} s")
+    summary = matrix(out)
+    (out / "matrix.md").write_text(summary["markdown"])
+    (out / "matrix.json").write_text(json.dumps(summary["data"], indent=1) + "\n")
+    print(summary["markdown"])
+    return 0
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def load(out: Path) -> dict:
+    """release -> its report (the ones present in ``out``)."""
+    reports = {}
+    for path in out.glob("report_*.json"):
+        release = path.stem.removeprefix("report_")
+        try:
+            reports[release] = json.loads(path.read_text())
+        except ValueError:
+            continue
+    return dict(sorted(reports.items(), key=lambda item: release_key(item[0])))
+
+
+def matrix(out: Path) -> dict:
+    """The release x op matrix of defects (markdown and data) from the reports in ``out``."""
+    reports = load(out)
+    data: dict = {}
+    ops: set = set()
+    for release, report in reports.items():
+        cells: dict = defaultdict(lambda: {"defects": defaultdict(list), "verdicts": Counter(), "tests": 0, "absent": 0})
+        for test in report["tests"]:
+            op = test["op"]
+            if op is None:
+                continue
+            ops.add(op)
+            cell = cells[op]
+            cell["tests"] += 1
+            if test["outcome"] == "skipped" and ABSENT_RE.search(test["reason"] or ""):
+                cell["absent"] += 1
+            if test["outcome"] == "failed":
+                verdict = test.get("verdict") or "unclassed"
+                cell["verdicts"][verdict] += 1
+                if verdict == "defect":
+                    cell["defects"][test["check"]].append({"test": test["nodeid"].split("::")[-1],
+                                                           "why": test.get("verdict_why"), "reason": test["reason"]})
+        data[release] = {
+            "finished": report.get("finished", False),
+            "totals": dict(Counter(t["outcome"] for t in report["tests"])),
+            "verdicts": report.get("verdicts", {}),
+            "ops": {op: {"absent": c["absent"] == c["tests"], "tests": c["tests"], "verdicts": dict(c["verdicts"]),
+                         "defects": {check: found for check, found in c["defects"].items()}}
+                    for op, c in cells.items()},
+        }
+    return {"data": data, "markdown": markdown(data, sorted(ops))}
+
+
+def cell_text(cell: dict | None) -> str:
+    if cell is None:
+        return "not run"
+    if cell["absent"]:
+        return "absent"
+    if not cell["defects"]:
+        return "-"
+    return "**" + ", ".join(f"{check} {len(found)}" for check, found in sorted(cell["defects"].items())) + "**"
+
+
+def markdown(data: dict, ops: list) -> str:
+    releases = list(data)
+    out = ["Defects (the checks that found them, and how many tests) per fla-core release and op; "
+           "`-`: none; `absent`: the release lacks the op.", "",
+           "| op | " + " | ".join(releases) + " |", "|---|" + "---|" * len(releases)]
+    for op in ops:
+        out.append(f"| {op} | " + " | ".join(cell_text(data[r]["ops"].get(op)) for r in releases) + " |")
+    out += ["", "| release | passed | failed | skipped | defect | contract | refused | environment | harness | unclassed | finished |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for release, row in data.items():
+        t, v = row["totals"], row["verdicts"]
+        out.append(f"| {release} | {t.get('passed', 0)} | {t.get('failed', 0)} | {t.get('skipped', 0)} | "
+                   + " | ".join(str(v.get(k, 0)) for k in ("defect", "contract", "refused", "environment", "harness", "unclassed"))
+                   + f" | {'yes' if row['finished'] else 'no'} |")
+    out += ["", "First defect of each (release, op, check):", ""]
+    for release, row in data.items():
+        for op, cell in sorted(row["ops"].items()):
+            for check, found in sorted(cell["defects"].items()):
+                reason = " ".join((found[0]["reason"] or "").split())[:220].replace("|", "\\|")
+                out.append(f"- {release} {op} / {check} ({found[0]['why']}): `{found[0]['test']}`: {reason}")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    r = commands.add_parser("run", help="run the suite over each release, then write the matrix")
+    r.add_argument("--wheels", default=str(ROOT / ".whl" / "fla-core"), help="folder of fla_core-<release>-*.whl")
+    r.add_argument("--out", required=True, help="folder for each release's report and log, and the matrix")
+    r.add_argument("--sites", default="/tmp/fla-history", help="where each release is installed, a folder each")
+    r.add_argument("--releases", help="comma-separated releases (default: every wheel found)")
+    r.add_argument("--ops", help="--fla-ops for every release (default: all the release has)")
+    r.add_argument("--checks", help="comma-separated checks, e.g. forward,backward,varlen (default: all)")
+    r.add_argument("--markers", default=DEFAULT_MARKERS, help=f"the -m filter (default: {DEFAULT_MARKERS!r})")
+    r.add_argument("--isolate", default="batch", help="--fla-isolate (default batch: a device fault fails its own test)")
+    r.add_argument("--workers", type=int, default=0, help="xdist workers (default: none)")
+    r.add_argument("--timeout", type=float, default=None, help="seconds for each release's run")
+    r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
+    m = commands.add_parser("matrix", help="the matrix from a run's reports")
+    m.add_argument("out")
+    m.add_argument("--markdown")
+    m.add_argument("--json")
+    args = parser.parse_args()
+    if args.command == "run":
+        return run(args)
+    summary = matrix(Path(args.out))
+    if args.markdown:
+        Path(args.markdown).write_text(summary["markdown"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary["data"], indent=1) + "\n")
+    print(summary["markdown"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
