@@ -138,7 +138,7 @@ def _norm_fwd_kernel(
             # g's loads issued with x's, before the row sums: written after them, ptxas left
             # one of the six 16-byte loads behind the shuffles (offline SASS, sm90), and the
             # kernel took 0.189 ms against 0.184 (H200, 1048576 rows of 128, bf16, 2026-11-29,
-            # benchmarks/results/sweeps/norm_forward_gate_load_h200.json)
+            # benchmarks/results/sweeps/norm_forward_h200.json)
             g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
             act = _gate(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
         ss = tl.sum(xv * xv, axis=1)
