@@ -1,6 +1,7 @@
 """Time every op against the peer library (fla-core) on one GPU, in one run.
 
     python benchmarks/bench.py [--ops chunk_gla,l2norm] [--rounds 5] [--warm 16] [--out DIR/NAME] [--resume]
+    python benchmarks/bench.py --merge DIR/NAME.json --into benchmarks/results/bench/bench_h200
 
 Both sides get the same input tensors and do the same work: the same gates (each under
 the name its side declares: a keyword the callee does not declare is an error here, never
@@ -44,12 +45,19 @@ to N timing processes in turn, one pinned to each GPU (``CUDA_VISIBLE_DEVICES``)
 time at the same time, each into ``<out>.gpu<i>.*``; their rows are merged into ``<out>``
 in the bench's order, each with its GPU, and each GPU's rates and host line are kept. The
 host is shared: a line bound by its host time moves with what the others issue.
+
+One file per measurement: ``--merge RUN.json --into <stem>`` puts a run's rows (a whole
+run, or a partial re-run of some ops) in place of the same ops' rows of ``<stem>.json.gz``
+(created if absent), the rest kept in the bench's order, and writes ``<stem>.json.gz`` and
+``<stem>.md``; each row names its run, and each run (date, machine, rounds, host, command)
+that still has a row is kept in ``runs``. ``gpu_run.sh bench`` does this after every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import importlib
 import inspect
 import json
@@ -807,7 +815,7 @@ def complete(row) -> bool:
 
 
 def write_report(device, rates, host, rounds, rows, out_path) -> str:
-    report = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
+    report = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "device": device, "torch": torch.__version__, "triton": triton.__version__,
               "copy_bandwidth_TBps": rates["copy_Bps"] / 1e12, "matmul_TFLOPs": rates["matmul_flops"] / 1e12,
               "host": host,
               "rounds": rounds, "shapes": {"hgrn": HGRN, "linear": LINEAR, "wide_v": WIDE_V, "module": MODULE, "wide_module": WIDE_MODULE, "gated_norm_widths": GATED_NORM_WIDTHS, "conv": CONV, "chunk": CHUNK, "attention": ATTENTION,
@@ -821,6 +829,72 @@ def write_report(device, rates, host, rounds, rows, out_path) -> str:
         with open(out_path + ".md", "w") as f:
             f.write(table + "\n")
     return table
+
+RUN_KEYS = ("date", "device", "torch", "triton", "copy_bandwidth_TBps", "matmul_TFLOPs", "host", "rounds", "per_gpu",
+            "command")
+
+
+def runs_of(report: dict) -> list:
+    """A report's runs: those it names (a merged report), else the one that wrote it."""
+    return report.get("runs") or [{k: report[k] for k in RUN_KEYS if k in report}]
+
+
+def merged_runs(base: dict | None, new: dict, order: list) -> dict:
+    """``new``'s rows in place of ``base``'s rows of the same ops (a partial re-run updates
+    the rows it timed), the others kept; rows in ``order`` (op names; ops it lacks last),
+    each naming its run (``row["run"]``, an index into ``runs``); a run left without a row
+    is dropped. The header (device, rates, host, shapes) is ``new``'s."""
+    by_op = {}
+    for report in ([base] if base else []) + [new]:
+        runs = runs_of(report)
+        for row in report["rows"]:
+            by_op[row["op"]] = (runs[row.get("run", 0)], row)
+    names = [n for n in order if n in by_op] + [n for n in by_op if n not in order]
+    runs, rows = [], []
+    for name in names:
+        run, row = by_op[name]
+        if run not in runs:
+            runs.append(run)
+        rows.append({**row, "run": runs.index(run)})
+    return {**new, "rows": rows, "runs": runs}
+
+
+def read_report(path: str) -> dict | None:
+    try:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+            return json.load(f)
+    except OSError:
+        return None
+
+
+def merge_into(run_path: str, stem: str, order: list) -> dict:
+    """``--merge RUN --into <stem>``: ``merged_runs`` of ``<stem>.json.gz`` and RUN, written
+    back as ``<stem>.json.gz`` and ``<stem>.md``."""
+    new = read_report(run_path)
+    if new is None:
+        raise SystemExit(f"--merge: no report at {run_path}")
+    report = merged_runs(read_report(stem + ".json.gz"), new, order)
+    os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
+    with gzip.open(stem + ".json.gz", "wt") as f:
+        json.dump(report, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(format_table(report) + "\n")
+    return report
+
+
+def _run_lines(report) -> list:
+    """For a merged report over several runs: each run's date, machine, rounds, host, command."""
+    if len(report.get("runs", [])) < 2:
+        return []
+    lines = [f"Rows from {len(report['runs'])} runs (a later run's rows replace the same ops'), each row's in its last column:"]
+    for i, run in enumerate(report["runs"]):
+        rows = [row for row in report["rows"] if row.get("run") == i]
+        host = f"; host: {host_line(run['host'], rows)}" if run.get("host") else ""
+        lines.append(f"- run {i}: {run.get('date', 'undated')}, {run.get('device', '?')}, torch {run.get('torch', '?')}, "
+                     f"triton {run.get('triton', '?')}, copy bandwidth {run.get('copy_bandwidth_TBps', 0):.2f} TB/s, "
+                     f"{run.get('rounds', '?')} rounds, {len(rows)} ops{host}; "
+                     f"`{run.get('command', '?')}`")
+    return lines
 
 
 def _ms(x):
@@ -871,17 +945,21 @@ def host_line(host: dict, rows: list) -> str:
 def format_table(report) -> str:
     lines = [f"{report['device']}, torch {report['torch']}, triton {report['triton']}; copy bandwidth "
              f"{report['copy_bandwidth_TBps']:.2f} TB/s, bf16 matmul {report['matmul_TFLOPs']:.0f} TFLOP/s; bf16 inputs; "
-             f"medians of {report['rounds']} interleaved rounds; ratio = peer / ours (>1: ours faster), median (min-max over rounds); "
+             f"medians of {runs_rounds(report)} interleaved rounds; ratio = peer / ours (>1: ours faster), median (min-max over rounds); "
              "floor: ours as % of the op's floor in ms (mem: bytes / copy bandwidth; TC: FLOPs / matmul rate); "
              "TFLOP/s: achieved, ours / peer, where the op has a FLOP count",
-             *([f"Host: {host_line(report['host'], report['rows'])}"] if report.get("host") else []),
+             *([f"Host: {host_line(report['host'], report['rows'])}"] if report.get("host") and not _run_lines(report) else []),
              *_per_gpu_lines(report),
+             *_run_lines(report),
              ""]
     header = ["| op | ours fwd ms | peer fwd ms | fwd ratio | fwd floor | fwd TFLOP/s | ours fwd+bwd ms | peer fwd+bwd ms "
               "| fwd+bwd ratio | fwd+bwd floor | fwd+bwd TFLOP/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     several = len(report.get("per_gpu", [])) > 1
     if several:
         header = [header[0] + " GPU |", header[1] + "---|"]
+    merged = len(report.get("runs", [])) > 1
+    if merged:
+        header = [header[0] + " run |", header[1] + "---|"]
     lines += header
     for modes in (MODES, GRAPH_MODES):
         rows = [row for row in report["rows"] if any(m in row for m in modes)]
@@ -895,6 +973,8 @@ def format_table(report) -> str:
                           _tflops(row, mode)]
             if several:
                 cells.append(str(row.get("gpu", "-")))
+            if merged:
+                cells.append(str(row.get("run", "-")))
             lines.append("| " + " | ".join(cells) + " |")
     variant_lines = [_variant_line(row, mode) for row in report["rows"] for mode in MODES + GRAPH_MODES
                      if row.get(mode, {}).get("peer_ratios")]
@@ -902,6 +982,11 @@ def format_table(report) -> str:
         lines += ["", "Each peer variant: median ms, ratio to ours (median, min-max); the row's peer is the fastest each round:", "",
                   *variant_lines]
     return "\n".join(lines)
+
+
+def runs_rounds(report) -> str:
+    counts = sorted({run.get("rounds") for run in report.get("runs", [])} - {None}) or [report["rounds"]]
+    return "/".join(str(n) for n in counts)
 
 
 def _per_gpu_lines(report) -> list:
@@ -938,9 +1023,16 @@ def main():
                              "(autotune results of that phase are not kept), then time them one by one")
     parser.add_argument("--warm-limit", type=float, default=330, metavar="S", help="stop the warm-up after S seconds")
     parser.add_argument("--warm-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--merge", metavar="RUN.json", help="with --into: no timing; RUN's rows into the one file (see above)")
+    parser.add_argument("--into", metavar="STEM", help="the measurement's one file, <stem>.json.gz and <stem>.md")
     parser.add_argument("--gpus", type=int, default=1, metavar="N",
                         help="after the warm-up, time the ops on N GPUs at once, one process each (needs --out)")
     args = parser.parse_args()
+    if bool(args.merge) != bool(args.into):
+        parser.error("--merge and --into go together")
+    if args.merge:
+        print(format_table(merge_into(args.merge, args.into, [b.name for b in BENCHES])))
+        return
     if args.gpus > 1 and not args.out:
         parser.error("--gpus needs --out: each GPU's process writes <out>.gpu<i>.*, merged into <out>.*")
     if args.gpus > 1 and args.gpus > torch.cuda.device_count():

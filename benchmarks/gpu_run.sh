@@ -2,7 +2,8 @@
 # One GPU session's work, in parts that each fit one 10-minute device command:
 #   bash benchmarks/gpu_run.sh bench [--ops a,b]  # every op timed against the peer library (idle GPU, interleaved
 #                                         # rounds; FLA_BENCH_RESUME=1 finishes a cut run on the same machine;
-#                                         # FLA_BENCH_GPUS=2: the ops dealt to two GPUs, timed at once)
+#                                         # FLA_BENCH_GPUS=2: the ops dealt to two GPUs, timed at once); the run's
+#                                         # rows merged into the GPU's one bench file (bench_h200.*: bench.py --merge)
 #   bash benchmarks/gpu_run.sh sweep      # the slow kernels per config, and against a carried baseline tree
 #                                         # (config_sweep.py; FLA_SWEEP_OPS=a,b, FLA_SWEEP_MATCH=<label regex> narrow it; FLA_SWEEP_ROUNDS;
 #                                         # FLA_SWEEP_GRAPHS=1: CUDA-graph replays, the kernels without host time)
@@ -66,6 +67,12 @@ case "$part" in
       --rounds "${FLA_BENCH_ROUNDS:-5}" --gpus "${FLA_BENCH_GPUS:-1}" $resume --out "$keep/bench" "$@" > "$LOGS/bench.log" 2>&1
     echo "bench exit $?" >> "$LOGS/bench.log"
     cp "$keep"/bench.json "$keep"/bench.md "$LOGS/" 2>/dev/null
+    # one file per measurement: this run's rows in place of the same ops' rows of the GPU's bench
+    # (benchmarks/results/bench/bench_<gpu>.*, FLA_BENCH_INTO names another), into $LOGS to copy back
+    gpus=${FLA_BENCH_GPUS:-1}; [ "$gpus" -gt 1 ] && several=_gpus$gpus || several=
+    into=${FLA_BENCH_INTO:-bench${several}_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | awk '{print tolower($2)}')}
+    cp "benchmarks/results/bench/$into.json.gz" "$LOGS/" 2>/dev/null
+    [ -s "$keep/bench.json" ] && python3 benchmarks/bench.py --merge "$keep/bench.json" --into "$LOGS/$into" > /dev/null
     echo "== bench:"; grep -E "^warm-up|^copy bandwidth|Error" "$LOGS/bench.log" | sort | uniq -c | head; tail -n 1 "$LOGS/bench.log"
     cat "$LOGS/bench.md" 2>/dev/null
     ;;

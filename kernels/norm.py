@@ -138,7 +138,7 @@ def _norm_fwd_kernel(
             # g's loads issued with x's, before the row sums: written after them, ptxas left
             # one of the six 16-byte loads behind the shuffles (offline SASS, sm90), and the
             # kernel took 0.189 ms against 0.184 (H200, 1048576 rows of 128, bf16, 2026-11-29,
-            # benchmarks/results/sweeps/norm_forward_gate_load_h200.json)
+            # benchmarks/results/sweeps/norm_forward_h200.json)
             g_ptrs, _ = _row_tile(g, rows, stride_g, D, row_start, BLOCK_R, BLOCK_D, EVEN_D)
             act = _gate(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32), GATE)
         ss = tl.sum(xv * xv, axis=1)
@@ -230,7 +230,7 @@ def _norm_bwd_kernel(
 # kernel 0.416 ms against 0.371, rms_norm 0.284 against 0.274; 2026-11-29, with the tile before)
 BWD_TILE_ELEMENTS = 8192
 # The gated form's tile by padded row width, each width timed on its own (the same sweep at
-# rows of 256 and 1024, 2026-11-29, sweeps/norm_backward_gated_widths_h200.json): at 256,
+# rows of 256 and 1024, 2026-11-29, sweeps/norm_backward_h200.json): at 256,
 # 2048 values on 2 warps 0.528 ms against 0.584 on 1024 values (1 warp); at 1024, 2048 on 2
 # warps 0.573 against 0.603. Rows up to 128 take 4096, wider than 512 2048 (at 2048 and wider
 # one row a tile either way).

@@ -64,3 +64,27 @@ def test_a_gpu_that_left_nothing_drops_only_its_ops(tmp_path):
     assert [g["gpu"] for g in report["per_gpu"]] == [0]
     with pytest.raises(RuntimeError, match="no GPU's run left a report"):
         bench.run_on_gpus(["stop"], 2, str(tmp_path / "none"), [], command=_child)
+
+
+def _report(ops, rounds, command):
+    rows = [{"op": op, "fwd": {"ratio": {"median": 1.0 + i, "min": 1.0, "max": 2.0}}} for i, op in enumerate(ops)]
+    return {"date": "d", "device": "GPU", "torch": "t", "triton": "tr", "copy_bandwidth_TBps": 4.0, "matmul_TFLOPs": 700.0,
+            "host": {"cpus": 2, "noop_launch_us": 10.0, "load_average": 0.5}, "rounds": rounds, "rows": rows, "command": command}
+
+
+def test_a_partial_run_replaces_the_rows_it_timed_in_the_one_file(tmp_path):
+    """``--merge RUN --into STEM``: the run's rows in place of the same ops' rows, the others
+    kept in the bench's order, each row naming its run; a run left without a row is dropped."""
+    order = ["a", "b", "c", "d"]
+    stem = str(tmp_path / "bench_h200")
+    for name, ops, rounds in (("whole", ["a", "b", "c"], 5), ("first", ["b"], 7), ("second", ["b", "d"], 9)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(_report(ops, rounds, name)))
+        report = bench.merge_into(str(path), stem, order)
+    assert [row["op"] for row in report["rows"]] == ["a", "b", "c", "d"]
+    assert [report["runs"][row["run"]]["command"] for row in report["rows"]] == ["whole", "second", "whole", "second"]
+    assert [run["command"] for run in report["runs"]] == ["whole", "second"]  # "first" has no row left
+    assert bench.read_report(stem + ".json.gz") == report
+    table = (tmp_path / "bench_h200.md").read_text()
+    assert "medians of 5/9 interleaved rounds" in table and "- run 1: d, GPU" in table and "`second`" in table
+    assert table.count("| b |") == 1

@@ -512,7 +512,7 @@ CONFIGS = {
         # takes forward+backward from 2.896 ms (64 x 64, pointer loads) to 2.584
         # (benchmarks/results/sweeps/attention_descriptors_h200.json); dk/dv as one masked
         # loop with q and do through descriptors: 2.446 against 2.511
-        # (sweeps/attention_dkdv_one_loop_h200.json). Triton 3.6's Hopper warp specialization
+        # (sweeps/attention_descriptors_h200.json). Triton 3.6's Hopper warp specialization
         # (tl.range warp_specialize) on the forward's unmasked key loop: the pass fails at 4
         # warps, and at 8 warps took 0.624 ms (128 x 64) and 0.710 (128 x 128) against 0.607
         # (H200, 2026-11-29, benchmarks/results/README.md, "Speed against the peer")
@@ -642,7 +642,7 @@ def _backward(grads, saved, q, k, v, cu_seqlens, cu_seqlens_cpu, scale, causal, 
             BM=c.BM, BN=c.BN, **common, USE_DESC=q_desc is not None,
             # one masked loop only over descriptor loads: with pointer loads (packed
             # sequences) the whole blocks' unmasked loads win (varlen forward+backward 3.013
-            # ms in segments against 3.158 as one loop, sweeps/attention_dkdv_one_loop_h200.json)
+            # ms in segments against 3.158 as one loop, sweeps/attention_descriptors_h200.json)
             SEGMENTS=c.segments or q_desc is None, num_warps=c.num_warps,
             num_stages=c.num_stages, **COMPILE_OPTIONS,
         )

@@ -165,7 +165,7 @@ fraction bits more than bf16 at the bf16 rate, at or under the peer's errors on 
 1.00, 1.00, 0.91) for 1.2-1.4% more forward+backward time there (1.814 against 1.793 ms,
 2.105 against 2.075, B=4 T=4096 H=16 K=V=128:
 ``benchmarks/results/sweeps/gated_pairs_fp16_h200.json``). ``pairs="tf32"`` reaches the same
-errors 8-10% slower (``_qkg_bwd`` 1.34 -> 1.54 ms, ``sweeps/gla_tf32_pairs_h200.json``);
+errors 8-10% slower (``_qkg_bwd`` 1.34 -> 1.54 ms, ``sweeps/gated_pairs_fp16_h200.json``);
 ``pairs="bf16"`` is the previous form.
 
 Kernels and launches
