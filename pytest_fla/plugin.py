@@ -413,7 +413,7 @@ def pytest_pycollect_makeitem(collector, name, obj):
     """A check that none of the session's specs gives a test (``test_state_dtype`` where no
     op takes a state in another dtype) is not collected: parametrized over nothing, pytest
     would make it one skipped test, ``[NOTSET]``, "got empty parameter set"."""
-    if getattr(obj, "fla_parametrize", None) is None or not collector.istestfunction(obj, name):
+    if not collector.istestfunction(obj, name) or getattr(obj, "fla_parametrize", None) is None:
         return None
     return None if registry.params_for(collector.config, obj) else []
 
