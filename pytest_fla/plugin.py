@@ -64,7 +64,6 @@ class RunState:
 
 RUN = pytest.StashKey[RunState]()
 TARGETS = pytest.StashKey[list]()
-WORKER_COLLECTIONS = pytest.StashKey[dict]()  # xdist worker id -> tests it collected (controller)
 FLEET = pytest.StashKey[fleet.Fleet]()  # under --fla-arch=fleet: the hosts and their workers (controller)
 
 
@@ -276,6 +275,7 @@ def pytest_configure(config):
         config.pluginmanager.register(ChildReporter(config, config.option.fla_child), "fla-child")
     config.stash[repro.SANITIZER_TOOLS] = state.tools
     if is_interpreter():
+        config.addinivalue_line("filterwarnings", interpreter.NUMPY_SCALAR_WARNING)
         interpreter.skip_repeated_patching()
         interpreter_exp.install()
         interpreter_autotune.install()
@@ -291,6 +291,8 @@ def pytest_configure(config):
 
         enforce_shared_memory_limit(targets.SHARED_MEMORY_LIMIT[state.target.arch])
     if role == "controller":
+        if distribute.xdist_loaded(config):
+            config.pluginmanager.register(DistinctCollected(), "fla-distinct-collected")
         state.report = run_report.RunReport(state.targets)
         config.pluginmanager.register(ReportCollector(state.report, config.option.fla_report), "fla-report")
         if FLEET in config.stash:
@@ -358,26 +360,44 @@ def pytest_xdist_make_scheduler(config, log):
     return distribute.batch_scheduler(config, log, state.isolate)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids):
-    """Count each worker's collection (on the controller): see ``pytest_runtestloop``."""
-    node.config.stash.setdefault(WORKER_COLLECTIONS, {})[node.gateway.id] = len(ids)
+class DistinctCollected:
+    """On the controller of an xdist run: the session's test count is the number of distinct
+    tests its workers collected.
 
+    xdist sets the count from whichever worker finished collecting last, and pytest's
+    progress divides the distinct tests reported by it. Several targets run one worker each
+    (``--dist each``) with different collections: a compile-only worker keeps only its own
+    arch's compile checks, and under ``--fla-arch=all`` with ``tests/test_compile.py`` the
+    progress read ``[700%]`` (seven archs' checks over one arch's count). A worker whose
+    target keeps none of the selected tests collects nothing, and where it was the last one
+    the run exited 5 (no tests collected): one run in three of
+    ``tests/test_compile.py --fla-arch=sm80,sm90,sm100``."""
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtestloop(session):
-    """Several targets run one worker each (``--dist each``), and a worker whose target keeps
-    none of the selected tests (the interpreter's, beside compile-only targets) collects
-    nothing. xdist sets the session's count from whichever worker finished collecting
-    last, so the run exited 5 (no tests collected) whenever that worker was the last one:
-    one run in three of ``tests/test_compile.py --fla-arch=sm80,sm90,sm100``. The count
-    becomes the largest worker's."""
-    try:
-        return (yield)
-    finally:
-        counts = session.config.stash.get(WORKER_COLLECTIONS, None)
-        if counts:
-            session.testscollected = max(session.testscollected, max(counts.values()))
+    def __init__(self):
+        self.nodeids: set[str] = set()
+        self.session = None
+
+    def pytest_sessionstart(self, session):
+        self.session = session
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self.nodeids.update(ids)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report):
+        # xdist hands out tests once every worker has collected: the set is complete here,
+        # and the terminal reporter (after this) reads the count
+        if self.nodeids and self.session is not None:
+            self.session.testscollected = len(self.nodeids)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session):
+        try:
+            return (yield)
+        finally:
+            if self.nodeids:
+                session.testscollected = len(self.nodeids)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -387,6 +407,16 @@ def pytest_xdist_auto_num_workers(config):
     tryfirst: xdist's own implementation always answers, and the first answer wins."""
     gpus = [g for g in os.environ.get(distribute.GPUS_ENV, "").split(",") if g]
     return len(gpus) or None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+    """A check that none of the session's specs gives a test (``test_state_dtype`` where no
+    op takes a state in another dtype) is not collected: parametrized over nothing, pytest
+    would make it one skipped test, ``[NOTSET]``, "got empty parameter set"."""
+    if not collector.istestfunction(obj, name) or getattr(obj, "fla_parametrize", None) is None:
+        return None
+    return None if registry.params_for(collector.config, obj) else []
 
 
 def pytest_generate_tests(metafunc):

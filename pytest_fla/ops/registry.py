@@ -53,10 +53,21 @@ def over_specs(argnames: str, params):
     return mark
 
 
+PARAMS = pytest.StashKey[dict]()
+
+
+def params_for(config, fn) -> list:
+    """The ``pytest.param`` list of a test marked with :func:`over_specs`, built once a
+    session (a check imported into several modules is one function)."""
+    cache = config.stash.setdefault(PARAMS, {})
+    if fn not in cache:
+        cache[fn] = fn.fla_parametrize[1](session_specs(config))
+    return cache[fn]
+
+
 def parametrize(metafunc) -> None:
     """Parametrize a test marked with :func:`over_specs` over the session's specs."""
-    argnames, params = metafunc.function.fla_parametrize
-    metafunc.parametrize(argnames, params(session_specs(metafunc.config)))
+    metafunc.parametrize(metafunc.function.fla_parametrize[0], params_for(metafunc.config, metafunc.function))
 
 
 def spec_param(spec, *values, id_parts=()):

@@ -86,13 +86,15 @@ def header_line() -> str:
     return "fla toolchain: " + ", ".join(parts)
 
 
-# Measured on Triton 3.6.0, 3.7.1, 3.8.0 and 3.9.0: the interpreter multiplies the raw
-# bit patterns of bf16 ``tl.dot`` operands (no conversion to float first) and rounds
-# float -> bf16 conversions toward zero. ``tests/plugin/test_toolchain.py`` re-measures
-# the dot on the installed Triton, so that a release that fixes it lifts the skip.
+# Measured on Triton 3.6.0, 3.7.1, 3.8.0 and 3.9.0: the interpreter keeps bf16 values as their
+# bit patterns and computes on those (``tl.dot`` operands, elementwise sums and products
+# alike), and rounds float -> bf16 conversions toward zero. So a kernel with no ``tl.dot``
+# is wrong in bf16 too: the reason names all of it. ``tests/plugin/test_toolchain.py``
+# re-measures each on the installed Triton, so that a release that fixes them lifts the skip.
 INTERPRETER_BF16 = (
-    "Triton {version}'s interpreter multiplies bf16 tl.dot operands as raw bits (every "
-    "Triton from 3.6 to 3.9); bf16 is checked on the GPU, or here under --fla-bf16-emulated"
+    "Triton {version}'s interpreter computes bf16 on raw bits (tl.dot operands, elementwise sums "
+    "and products) and rounds float32 -> bf16 toward zero (every Triton from 3.6 to 3.9); bf16 is "
+    "checked on the GPU, or here under --fla-bf16-emulated"
 )
 
 

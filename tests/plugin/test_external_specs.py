@@ -104,6 +104,22 @@ def test_not_an_op_test():
 
 
 @cpu_only
+def test_a_check_no_spec_gives_a_test_is_not_collected(pytester):
+    """The toy specs take no state, name no agreeing op and no varlen: those checks have no
+    parameters, and are left out instead of collected as one empty-parameter-set skip."""
+    project(pytester)
+    result = run(pytester, "--collect-only", "-q")
+    assert result.ret == 0, result.stdout.str()
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert any("test_forward[scale-fp32-small]" in i for i in ids), ids
+    for absent in ("test_state_dtype", "test_chunk_vs_recurrent", "test_varlen", "test_no_host_sync"):
+        assert not any(f"::{absent}" in i for i in ids), absent
+    assert "NOTSET" not in result.stdout.str()
+    skips = run(pytester, "-q", "-rs", "-k", "not (backward or forward or bounds or error or mismatch)")
+    assert "got empty parameter set" not in skips.stdout.str(), skips.stdout.str()
+
+
+@cpu_only
 def test_specs_of_one_name_are_a_usage_error(pytester):
     project(pytester)
     pytester.makeconftest(CONFTEST + '''

@@ -150,7 +150,7 @@ def test_compile(arch):
     pass
 '''
 
-# The README's command, with popen gateways standing in for two hosts.
+# docs/design.md's command ("Fleet"), with popen gateways standing in for two hosts.
 STAND_INS = ["--tx", "popen//env:FLA_FLEET_STAND_IN=sm80", "--tx", "popen//env:FLA_FLEET_STAND_IN=sm90"]
 
 
@@ -320,7 +320,7 @@ def test_two_gpus_two_gateways(pytester):
 
 
 def test_hosts_with_checkouts_of_their_own_run_their_testpaths(pytester, tmp_path):
-    """The README's ssh recipe (``ssh=HOST//python=DIR/.venv/bin/python//chdir=DIR``, no test
+    """docs/design.md's ssh recipe (``ssh=HOST//python=DIR/.venv/bin/python//chdir=DIR``, no test
     paths), with popen gateways in checkouts of their own standing in for the hosts."""
     pytester.makepyfile(test_numeric=PROJECT)
     (pytester.path / "pytest.ini").write_text("[pytest]\ntestpaths = .\n")

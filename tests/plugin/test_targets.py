@@ -135,16 +135,52 @@ def test_a_worker_collecting_nothing_last_does_not_end_the_run_as_empty():
 
     from pytest_fla import plugin
 
-    config = types.SimpleNamespace(stash=pytest.Stash())
-    session = types.SimpleNamespace(config=config, testscollected=0)
-    for worker, n in (("gw1", 30), ("gw2", 30), ("gw0", 0)):  # the empty one last
-        plugin.pytest_xdist_node_collection_finished(
-            types.SimpleNamespace(config=config, gateway=types.SimpleNamespace(id=worker)), ["t"] * n)
-    loop = plugin.pytest_runtestloop(session)
+    counter = plugin.DistinctCollected()
+    session = types.SimpleNamespace(testscollected=0)
+    counter.pytest_sessionstart(session)
+    for worker, ids in (("gw1", [f"t{i}" for i in range(30)]), ("gw2", [f"t{i}" for i in range(30)]), ("gw0", [])):
+        counter.pytest_xdist_node_collection_finished(types.SimpleNamespace(gateway=types.SimpleNamespace(id=worker)), ids)
+        session.testscollected = len(ids)  # what xdist does after the hook: the empty one last
+    loop = counter.pytest_runtestloop(session)
     next(loop)
     with pytest.raises(StopIteration):
         loop.send(True)
     assert session.testscollected == 30
+
+
+PER_ARCH_COMPILES = '''
+import pytest
+
+@pytest.mark.parametrize("i", range(4))
+@pytest.mark.fla_compile("sm80")
+def test_compiles_sm80(i):
+    pass
+
+@pytest.mark.parametrize("i", range(4))
+@pytest.mark.fla_compile("sm90")
+def test_compiles_sm90(i):
+    pass
+
+def test_runs_kernels():
+    pass
+'''
+
+
+@cpu_only
+def test_progress_counts_the_distinct_tests_of_every_target(pytester):
+    """Each target's worker collects a different set (a compile-only one its own arch's
+    compile checks and the rest, skipped; the interpreter's none of them): the progress is
+    over the 9 distinct tests, never past 100% (it read 180% or 900% as the last worker to
+    collect had 5 or 1)."""
+    import re
+
+    pytester.makepyfile(test_per_arch=PER_ARCH_COMPILES)
+    result = run(pytester, "--fla-arch=sm80,sm90")
+    out = result.stdout.str()
+    assert "created: 3/3 workers" in out, out
+    shown = [int(p) for p in re.findall(r"\[\s*(\d+)%\]", out)]
+    assert shown and max(shown) == 100 and shown[-1] == 100, out
+    result.assert_outcomes(passed=9, skipped=2)  # the kernel test runs once, under the interpreter
 
 
 SHARE_REPORT = '''

@@ -58,3 +58,40 @@ def test_interpreter_bf16_policy_matches_the_interpreter():
         f"the installed Triton's interpreter computes a bf16 tl.dot {verdict}ly, "
         f"but bf16 is {'skipped' if skipped else 'checked'} under it: update toolchain.interpreter_skip_reason"
     )
+
+
+BF16_ELEMENTWISE = textwrap.dedent("""
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def elementwise(x, rounded, sums, products):
+        r = tl.arange(0, 16)
+        b = tl.load(x + r).to(tl.bfloat16)
+        tl.store(rounded + r, b)
+        tl.store(sums + r, b + b)
+        tl.store(products + r, b * b)
+
+    torch.manual_seed(0)
+    x = torch.randn(16)
+    rounded, sums, products = (torch.zeros(16, dtype=torch.bfloat16) for _ in range(3))
+    elementwise[(1,)](x, rounded, sums, products)
+    b = x.bfloat16()
+    print("conversion", "nearest" if torch.equal(rounded, b) else "other")
+    print("arithmetic", "right" if torch.equal(sums, b + b) and torch.equal(products, b * b) else "wrong")
+""")
+
+
+def test_interpreter_bf16_reason_says_what_the_interpreter_gets_wrong():
+    """The skip reason names elementwise bf16 arithmetic and the conversion's rounding only
+    while they are wrong: a kernel with no tl.dot is skipped for them."""
+    reason = toolchain.interpreter_skip_reason("bf16")
+    if reason is None:
+        import pytest
+
+        pytest.skip("bf16 is checked under this interpreter: no reason to read")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", BF16_ELEMENTWISE], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    measured = dict(line.split() for line in run.stdout.splitlines() if line.split()[:1] in (["conversion"], ["arithmetic"]))
+    assert ("sums and products" in reason) == (measured["arithmetic"] == "wrong"), (reason, measured)
+    assert ("toward zero" in reason) == (measured["conversion"] != "nearest"), (reason, measured)
