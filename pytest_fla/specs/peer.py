@@ -54,7 +54,7 @@ import inspect
 import re
 from typing import Callable
 
-# every fla-core release on PyPI since the seq-first layout settled, oldest first
+# every fla-core release on PyPI, oldest first
 RELEASES = ("0.3.2", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1", "0.5.2", "0.6.0")
 NEWEST = RELEASES[-1]
 
@@ -220,7 +220,9 @@ def _conv_window_out(result):
 
 def _grouped_values(kwargs: dict) -> bool:
     q, v = kwargs.get("q"), kwargs.get("v")
-    return q is not None and v is not None and v.shape[2] != q.shape[2]
+    if min(getattr(q, "ndim", 0), getattr(v, "ndim", 0)) < 3:
+        return False
+    return v.shape[2] != q.shape[2]
 
 
 # before 0.5.0 the chunked gated delta rules document v [B, T, H, V]: as many heads as q
