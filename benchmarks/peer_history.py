@@ -110,8 +110,8 @@ def run(args) -> int:
                 code = "timed out"
         print(f"== fla-core {release}: pytest exit {code} after {time.monotonic() - start:.0f} s")
     summary = matrix(out)
-    (out / "matrix.md").write_text(summary["markdown"])
-    (out / "matrix.json").write_text(json.dumps(summary["data"], indent=1) + "\n")
+    for suffix, text in ((".md", summary["markdown"]), (".json", json.dumps(summary["data"], indent=1) + "\n")):
+        (out / f"matrix{suffix}").write_text(text)
     print(summary["markdown"])
     return 0
 

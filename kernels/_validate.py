@@ -94,10 +94,13 @@ def check_heads(op: str, name: str, heads: int, dims: str) -> None:
         raise ValueError(f"{op}: `{name}` must have at least one head, got {heads} heads in {dims}")
 
 
-def check_range(op: str, what: str, value: int, lo: int, hi: int) -> None:
-    """``lo <= value <= hi`` for a size such as a head dim."""
-    if not lo <= value <= hi:
-        raise ValueError(f"{op}: {what} = {value} is outside the supported range {lo}..{hi}")
+def check_range(op: str, what: str, value: int, lo: int, hi: int | None = None) -> None:
+    """``lo <= value <= hi`` for a size such as a head dim or a channel count (``hi`` None:
+    no upper bound). Every width has ``lo >= 1``: a width of 0 is configuration gone wrong,
+    refused like one past the top (docs/ops.md, "Zero widths")."""
+    if value < lo or (hi is not None and value > hi):
+        span = f"{lo}..{hi}" if hi is not None else f"{lo} and above"
+        raise ValueError(f"{op}: {what} = {value} is outside the supported range {span}")
 
 
 def check_devices(op: str, **tensors) -> torch.device:

@@ -502,10 +502,10 @@ def causal_conv1d(
 ):
     """Depthwise causal conv over time; returns ``(y, final_state)``.
 
-    x ``[B, T, D]``; weight ``[D, W]`` with ``2 <= W <= 4``; bias ``[D]``; activation None
-    or ``'silu'`` (alias ``'swish'``); initial_state float32 ``[N, D, W - 1]`` (oldest input
-    first); final_state float32 ``[N, D, W - 1]`` when ``output_final_state``. y has
-    x's dtype, each gradient its input's dtype. See the module docstring for the math.
+    x ``[B, T, D]`` with ``D >= 1``; weight ``[D, W]`` with ``2 <= W <= 4``; bias ``[D]``;
+    activation None or ``'silu'`` (alias ``'swish'``); initial_state float32 ``[N, D, W - 1]``
+    (oldest input first); final_state float32 ``[N, D, W - 1]`` when ``output_final_state``.
+    y has x's dtype, each gradient its input's dtype. See the module docstring for the math.
     """
     op = "causal_conv1d"
     V.check_tensor(op, "x", x)
@@ -520,6 +520,7 @@ def causal_conv1d(
     V.check_ndim(op, "weight", weight, 2, "[D, W]")
     B, T, D = x.shape
     W = weight.shape[1]
+    V.check_range(op, "the channel dim D (x.shape[-1])", D, 1)
     V.check_range(op, "the kernel width W (weight.shape[1])", W, MIN_WIDTH, MAX_WIDTH)
     V.check_shape(op, "weight", weight, (D, W), "[D, W]")
     if bias is not None:

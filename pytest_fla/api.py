@@ -40,6 +40,7 @@ from .ops.error_inputs import (
     with_args,
     wrong_device,
     zero_heads_errors,
+    zero_width_errors,
 )
 from .ops.inputs import GATE_NORMALIZER, Arg, cu_seqlens_for, draw, make_factory
 from .ops.packings import Packing, packings
@@ -74,6 +75,7 @@ __all__ = [
     "state_dtype_errors",
     "scale_errors",
     "zero_heads_errors",
+    "zero_width_errors",
     "linear_attention_errors",
     "with_args",
     "wrong_device",

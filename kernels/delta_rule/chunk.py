@@ -207,8 +207,8 @@ def _validate(op, q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
     elif HV != H:
         raise ValueError(f"{op}: `v` must have H = {H} heads like q and k, got {HV}")
     V_.check_shape(op, "beta", beta, (B, T, HV), f"[B, T, {heads}]")
-    V_.check_range(op, "key head dim K", K, 1, MAX_KEY_HEAD_DIM)
-    V_.check_range(op, "value head dim V", Vd, 1, MAX_VALUE_HEAD_DIM)
+    V_.check_range(op, "key head dim K (q.shape[-1])", K, 1, MAX_KEY_HEAD_DIM)
+    V_.check_range(op, "value head dim V (v.shape[-1])", Vd, 1, MAX_VALUE_HEAD_DIM)
 
     offsets = V_.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -82,7 +82,7 @@ def check_gated_inputs(
         val.check_shape(op, gk_name, gk, (B, T, H, K), "[B, T, H, K]")
     if u is not None:
         val.check_shape(op, "u", u, (H, K), "[H, K]")
-    val.check_range(op, "key head dim K (q.shape[-1])", K, MIN_HEAD_DIM, MAX_HEAD_DIM)
+    val.check_range(op, f"key head dim K ({q_name}.shape[-1])", K, MIN_HEAD_DIM, MAX_HEAD_DIM)
     val.check_range(op, "value head dim V (v.shape[-1])", V, MIN_HEAD_DIM, MAX_HEAD_DIM)
 
     offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)

@@ -11,7 +11,8 @@ from .. import _validate as val
 
 
 def check_hgrn_inputs(op: str, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu):
-    """x, g ``[B, T, D]`` (g of any float dtype), initial_state float32 ``[N, D]`` (docs/ops.md).
+    """x, g ``[B, T, D]`` with ``D >= 1`` (g of any float dtype), initial_state float32 ``[N, D]``
+    (docs/ops.md).
     Returns the validated host offsets (None without ``cu_seqlens``).
 
     The call of a training step (no packed sequences, arguments as the op wants them) passes
@@ -20,7 +21,7 @@ def check_hgrn_inputs(op: str, x, g, initial_state, output_final_state, cu_seqle
     if (cu_seqlens is None and cu_seqlens_cpu is None and type(output_final_state) is bool
             and isinstance(x, torch.Tensor) and isinstance(g, torch.Tensor)
             and x.dtype in val.FLOAT_DTYPES and g.dtype in val.FLOAT_DTYPES and x.dim() == 3 and g.shape == x.shape
-            and g.device == x.device and val.kernel_device(x.device)
+            and x.shape[2] > 0 and g.device == x.device and val.kernel_device(x.device)
             and (initial_state is None or _state_fits(initial_state, x))):
         return None
     return _checked_offsets(op, x, g, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
@@ -44,6 +45,7 @@ def _checked_offsets(op: str, x, g, initial_state, output_final_state, cu_seqlen
     val.check_ndim(op, "x", x, 3, "[B, T, D]")
     B, T, D = x.shape
     val.check_shape(op, "g", g, (B, T, D), "[B, T, D]")
+    val.check_range(op, "the channel dim D (x.shape[-1])", D, 1)
     offsets_host = val.check_cu_seqlens(op, cu_seqlens, cu_seqlens_cpu, batch=B, T=T, device=device)
     # from cu_seqlens, not the host offsets: while torch.compile traces there are none
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

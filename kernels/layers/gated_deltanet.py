@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _validate as V_
-from ..conv import causal_conv1d
-from ..delta_rule.chunk import chunk_gated_delta_rule
+from ..conv import MAX_WIDTH, MIN_WIDTH, causal_conv1d
+from ..delta_rule.chunk import MAX_KEY_HEAD_DIM, MAX_VALUE_HEAD_DIM, chunk_gated_delta_rule
 from ..delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule
 from ..norm import rms_norm, rms_norm_gated
 
@@ -80,6 +80,10 @@ def _validate(x, q_weight, k_weight, v_weight, a_weight, b_weight, A_log, dt_bia
     if v_weight.shape[0] % HV:
         raise ValueError(f"{OP}: `v_weight` has {v_weight.shape[0]} rows, not a multiple of num_v_heads = {HV}")
     HK, HVV = q_weight.shape[0], v_weight.shape[0]
+    # the layer's own sizes, before the first launch (its conv's) would meet them
+    V_.check_range(OP, "the hidden size (x.shape[-1])", C, 1)
+    V_.check_range(OP, "the key head dim K (q_weight.shape[0] / num_heads)", HK // H, 1, MAX_KEY_HEAD_DIM)
+    V_.check_range(OP, "the value head dim V (v_weight.shape[0] / num_v_heads)", HVV // HV, 1, MAX_VALUE_HEAD_DIM)
     _check_weight("q_weight", q_weight, (HK, C), "[num_heads * head_dim, hidden_size]")
     _check_weight("k_weight", k_weight, (HK, C), "[num_heads * head_dim, hidden_size]")
     _check_weight("v_weight", v_weight, (HVV, C), "[num_v_heads * head_v_dim, hidden_size]")
@@ -89,6 +93,7 @@ def _validate(x, q_weight, k_weight, v_weight, a_weight, b_weight, A_log, dt_bia
     _check_weight("dt_bias", dt_bias, (HV,), "[num_v_heads]")
     V_.check_ndim(OP, "q_conv_weight", q_conv_weight, 2, "[num_heads * head_dim, conv_size]")
     W = q_conv_weight.shape[1]
+    V_.check_range(OP, "the conv width W (q_conv_weight.shape[1])", W, MIN_WIDTH, MAX_WIDTH)
     _check_weight("q_conv_weight", q_conv_weight, (HK, W), "[num_heads * head_dim, conv_size]")
     _check_weight("k_conv_weight", k_conv_weight, (HK, W), "[num_heads * head_dim, conv_size]")
     _check_weight("v_conv_weight", v_conv_weight, (HVV, W), "[num_v_heads * head_v_dim, conv_size]")

@@ -50,6 +50,12 @@ class Placed:
     end: int
     what: str
     tag: int
+    filled: bool = True  # the storage holds the tensor's values; else the band pattern until written
+
+    def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s first element lies in this record's storage."""
+        base = self.buffer.data_ptr()
+        return t.device == self.buffer.device and base + self.start <= t.data_ptr() < base + self.end
 
     def breaches(self) -> list[str]:
         found = []
@@ -93,7 +99,59 @@ def place(t: torch.Tensor, what: str, copy: bool) -> tuple[torch.Tensor, Placed]
         buffer[BAND:BAND + nbytes].copy_(raw)
     placed = _EMPTY(0, dtype=t.dtype, device=t.device).set_(
         buffer.untyped_storage(), BAND // t.element_size() + t.storage_offset(), t.size(), t.stride())
-    return placed, Placed(buffer, BAND, BAND + nbytes, what, tag)
+    return placed, Placed(buffer, BAND, BAND + nbytes, what, tag, filled=copy)
+
+
+def band_tags(values: torch.Tensor) -> torch.Tensor:
+    """Per element of the floating ``values``, the tag of the band pattern its bytes are (0
+    where they are not one): how a NaN in a result tells where it came from."""
+    size = values.element_size()
+    if not values.dtype.is_floating_point or size < 2 or values.numel() == 0:
+        return torch.zeros(values.shape, dtype=torch.int32, device=values.device)
+    raw = values.contiguous().view(torch.uint8).reshape(-1, size)
+    tags, highs = raw[:, 0::2].int(), raw[:, 1::2]
+    banded = (tags == tags[:, :1]).all(1) & (highs == 0xFF).all(1) & (tags[:, 0] >= TAGS[0])
+    return torch.where(banded, tags[:, 0], 0).reshape(values.shape)
+
+
+def _poison(values: torch.Tensor) -> torch.Tensor:
+    """Which elements of the floating ``values`` are, bit for bit, the NaN that poisoning
+    fills a library's allocations with (:func:`pytest_fla.checks.poison.fill_poison`)."""
+    if values.numel() == 0:
+        return torch.zeros(values.shape, dtype=torch.bool, device=values.device)
+    size = values.element_size()
+    nan = _FULL((1,), float("nan"), dtype=values.dtype, device=values.device).view(torch.uint8)
+    return (values.contiguous().view(torch.uint8).reshape(-1, size) == nan).all(1).reshape(values.shape)
+
+
+def not_finite(name: str, t: torch.Tensor, records: list[Placed]) -> list[str]:
+    """Why elements of the result ``t`` (called ``name``) are not finite, read off their
+    bytes. Never written: those still holding the pattern of the allocation ``t`` was placed
+    in, or the poisoned allocations' NaN (where a library poisons its own after torch's
+    allocator placed them). Any other NaN came in by a read out of bounds: a band's pattern
+    (named by its tag where one buffer has it; tags repeat every ``len(TAGS)`` placements,
+    so a read of a buffer sharing the output's tag passes for an unwritten element)."""
+    bad = ~torch.isfinite(t)
+    if not bad.any():
+        return []
+    own = next((r for r in records if not r.filled and r.holds(t)), None)
+    values = t[bad]
+    tags = band_tags(values)
+    unwritten = _poison(values) | ((tags == own.tag) if own is not None else False)
+    positions = torch.nonzero(bad)
+    found = []
+    if unwritten.any():
+        held = f"the band pattern of {own.what}" if own is not None and (tags[unwritten] == own.tag).any() \
+            else "the poisoned allocation's NaN"
+        found.append(f"{int(unwritten.sum())} of {t.numel()} elements of {name} were never written (they still hold "
+                     f"{held}), first at {tuple(positions[unwritten][0].tolist())}")
+    if not unwritten.all():
+        read = ~unwritten
+        sources = {r.what for r in records if r.tag in set(tags[read].tolist()) and r is not own}
+        source = f" (NaN with the tag of {sources.pop()})" if len(sources) == 1 else ""
+        found.append(f"{int(read.sum())} of {t.numel()} elements of {name} are not finite with NaN past each "
+                     f"input's end: a read out of bounds reached them{source}, first at {tuple(positions[read][0].tolist())}")
+    return found
 
 
 def _allocating_frames():

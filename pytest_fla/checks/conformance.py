@@ -151,13 +151,18 @@ def _mismatch_params(specs):
 
 @over_specs("spec,arg", _mismatch_params)
 def test_device_mismatch(spec, arg, fla_device):
+    import torch
+
     from ..ops.error_inputs import wrong_device
     from ..ops.spec import ErrorInput
 
     small = spec.at_small_dims()
     sample = small.sample(small.cases[0], "fp32", fla_device, lengths=_mismatch_lengths(spec))
-    sample.kwargs[arg] = sample.kwargs[arg].to(wrong_device(fla_device))
-    expected = ErrorInput(f"{arg}_wrong_device", sample.kwargs, ValueError, f"`{arg}`.* on |on .*`{arg}`")
+    others = torch.device(fla_device)
+    moved_to = wrong_device(others)
+    sample.kwargs[arg] = sample.kwargs[arg].to(moved_to)
+    expected = ErrorInput(f"{arg}_wrong_device", sample.kwargs, ValueError, f"`{arg}`.* on |on .*`{arg}`",
+                          what=f"`{arg}` moved to {moved_to.type}, the other tensors on {others}")
     generic.check_error_input(spec, expected, fla_device)
 
 

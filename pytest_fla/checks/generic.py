@@ -8,6 +8,7 @@ float64 reference live here too, so focused tests can reuse them.
 
 from __future__ import annotations
 
+import bisect
 import re
 import zlib
 
@@ -22,7 +23,7 @@ from ..running.launches import observe_launches
 from ..ops.packings import Packing
 from .poison import poisoned
 from ..ops.spec import Case, OpSpec, Sample, coarsest, dtype_name, torch_dtype
-from .tolerance import assert_close
+from .tolerance import assert_close, mismatch
 from ..report import verdicts
 from ..report.verdicts import ContractMismatch
 
@@ -117,29 +118,132 @@ def assert_finite(label: str, named_tensors, why: str) -> None:
         )
 
 
+# How a location names each dim of a layout; a dim not here is named as written.
+DIM_WORDS = {"B": "batch", "T": "token", "N": "sequence", "H": "head", "HV": "value head", "HKV": "key/value head",
+             "K": "key channel", "V": "value channel", "D": "channel", "C": "hidden channel"}
+
+
+def locate(index, layout, cu_seqlens=None, shift=None) -> str:
+    """``index`` into a tensor of ``layout`` in the layout's words (``batch 0, token 37
+    (sequence 2, its token 5), head 1, value channel 12``): with ``cu_seqlens`` (host
+    offsets) a token also names its sequence. ``shift``: dim -> what to add to its index (a
+    tensor sliced out of a larger one names the element by the larger one's index)."""
+    if layout is None or len(layout) != len(index):
+        return f"index {tuple(index)}"
+    parts = []
+    for dim, i in zip(layout, index):
+        i += (shift or {}).get(dim, 0)
+        part = f"{DIM_WORDS.get(dim, dim)} {i}"
+        if dim == "T" and cu_seqlens is not None and len(cu_seqlens) > 1:
+            n = min(bisect.bisect_right(cu_seqlens, i), len(cu_seqlens) - 1) - 1
+            part += f" (sequence {n}, its token {i - cu_seqlens[n]})"
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def dim_sizes(spec: OpSpec, sample: Sample) -> dict:
+    """Each dim's size in ``sample``, read off its tensors' shapes (``N`` from ``cu_seqlens``
+    where it is given, else the batch)."""
+    sizes = {}
+    for name, arg in spec.args.items():
+        value = sample.kwargs.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() == len(arg.layout):
+            sizes.update({d: n for d, n in zip(arg.layout, value.shape) if d not in sizes})
+    cu = sample.kwargs.get("cu_seqlens")
+    if isinstance(cu, torch.Tensor):
+        sizes.setdefault("N", cu.numel() - 1)
+    elif "B" in sizes:
+        sizes.setdefault("N", sizes["B"])
+    return sizes
+
+
+def output_layout(spec: OpSpec, sample: Sample, out) -> tuple[str, ...] | None:
+    """The layout of an output, which specs do not declare: an argument's whose sizes are
+    the output's shape (``o`` is laid out as ``v``, ``final_state`` as ``initial_state``),
+    else dim by dim, the first argument's dim of that size at that position."""
+    if not isinstance(out, torch.Tensor):
+        return None
+    sizes = dim_sizes(spec, sample)
+    layouts = [arg.layout for arg in spec.args.values()]
+    for layout in layouts:
+        if len(layout) == out.dim() and all(sizes.get(d) == n for d, n in zip(layout, out.shape)):
+            return layout
+    dims = []
+    for i, n in enumerate(out.shape):
+        found = [layout[i] for layout in layouts if len(layout) > i and sizes.get(layout[i]) == n]
+        dims.append(found[0] if found else f"dim {i} index")
+    return tuple(dims)
+
+
+class Comparisons:
+    """The comparisons of one check, against the reference or another kernel: every one is
+    made whatever those before it found, each failure names the element that shows it in
+    the layout's words (:func:`locate`), and the check fails once, with all of them (those
+    past a tolerance first: the mutation report reads a kill by the ratchet off the first)."""
+
+    def __init__(self, spec: OpSpec, sample: Sample):
+        self.spec, self.sample = spec, sample
+        self.failures: list[tuple[bool, str]] = []  # (by the ratchet alone, what it says)
+        self.made = 0
+
+    def output(self, label: str, out, ref, dtype: str, kind: str = "forward", *, layout_of=None, shift=None):
+        """An output, laid out as ``layout_of`` (the tensor it was sliced from) or itself (:func:`output_layout`)."""
+        layout = output_layout(self.spec, self.sample, out if layout_of is None else layout_of)
+        self._compare(label, out, ref, dtype, kind, None, layout, shift)
+
+    def grad(self, label: str, name: str, out, ref, dtype: str, kind: str = "backward", scale=None):
+        """The gradient of input ``name``, laid out as the input."""
+        arg = self.spec.args.get(name)
+        self._compare(label, out, ref, dtype, kind, scale, arg.layout if arg is not None else None, None)
+
+    def _compare(self, label, out, ref, dtype, kind, scale, layout, shift):
+        self.made += 1
+        found = mismatch(label, out, ref, dtype, kind, scale)
+        if found is None:
+            return
+        where = "" if found.at is None else f"; {found.which} at {locate(found.at, layout, self._offsets(), shift)}"
+        self.failures.append((found.by_ratchet, found.message + where))
+
+    def _offsets(self) -> list | None:
+        cu = self.sample.kwargs.get("cu_seqlens")
+        return cu.tolist() if isinstance(cu, torch.Tensor) and cu.device.type != "meta" else None
+
+    def check(self) -> None:
+        if self.failures:
+            ordered = [text for _, text in sorted(self.failures, key=lambda f: f[0])]
+            raise AssertionError("\n".join(ordered) + f"\n({len(ordered)} of {self.made} comparisons failed)")
+
+
 def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
     sample = spec.sample(case, dtype, device, seed)
     with torch.no_grad():
         out = spec.call(sample)
         ref = spec.call_reference(sample, dtype)
+    compared = Comparisons(spec, sample)
     for name, o, r in zip(spec.outputs, out, ref):
-        assert_close(f"{spec.name}.{name}", o, r, dtype)
+        compared.output(f"{spec.name}.{name}", o, r, dtype)
+    compared.check()
 
 
-def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int) -> list:
+def check_backward(spec: OpSpec, sample: Sample, dtype: str, seed: int, compared: Comparisons | None = None) -> list:
     """Gradients of every differentiable input against float64 autograd of the reference,
     each held to the budget of the coarser of ``dtype`` and its input's dtype (a gradient
     comes back in its input's dtype: a bf16 state's in bf16, whatever the run's dtype).
-    Returns the op's outputs (for checks that go on with them)."""
+    Returns the op's outputs (for checks that go on with them). Given ``compared``, the
+    comparisons join it, for the caller to check with its own."""
+    own = compared is None
+    compared = Comparisons(spec, sample) if own else compared
     names = differentiable(spec, sample)
     out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
     ref_out, ref_grads, _ = run_with_grads(spec.reference_for(dtype), sample, names, upstream, upcast=True)
     for name, o, r in zip(spec.outputs, out, ref_out):
-        assert_close(f"{spec.name}.{name}", o, r, dtype)
+        compared.output(f"{spec.name}.{name}", o, r, dtype)
     masses = token_masses(spec, sample, names, upstream, dtype)
     for name in names:
         budget = coarsest(dtype, dtype_name(sample.kwargs[name].dtype))
-        assert_close(f"{spec.name}: d{name}", grads[name], ref_grads[name], budget, "backward", masses.get(name))
+        compared.grad(f"{spec.name}: d{name}", name, grads[name], ref_grads[name], budget, "backward", masses.get(name))
+    if own:
+        compared.check()
     return out
 
 
@@ -204,7 +308,8 @@ def check_varlen(spec: OpSpec, case: Case, packing: Packing, dtype: str, device,
     sequence's slice == the kernel run on that sequence alone."""
     sample = spec.sample(case, dtype, device, seed, lengths=packing.lengths)
     sample.kwargs["cu_seqlens"] = sample.kwargs["cu_seqlens"].to(packing.index_dtype)
-    packed = check_backward(spec, sample, dtype, seed)  # its forward is the packed run (no second one)
+    compared = Comparisons(spec, sample)
+    packed = check_backward(spec, sample, dtype, seed, compared)  # its forward is the packed run (no second one)
     offsets = sample.kwargs["cu_seqlens"].tolist()
     for n in range(len(offsets) - 1):
         start, end = offsets[n], offsets[n + 1]
@@ -217,10 +322,12 @@ def check_varlen(spec: OpSpec, case: Case, packing: Packing, dtype: str, device,
             if p is None:
                 continue
             if name == "final_state":
-                p_n = p[n : n + 1]
+                p_n, shift = p[n : n + 1], {"N": n}
             else:  # every per-token output is laid out [B, T, ...]
-                p_n = p.narrow(1, start, end - start)
-            assert_close(f"{spec.name}.{name}[sequence {n}] packed vs alone", p_n, s.double(), dtype, "agreement")
+                p_n, shift = p.narrow(1, start, end - start), {"T": start}
+            compared.output(f"{spec.name}.{name}[sequence {n}] packed vs alone", p_n, s.double(), dtype,
+                            "agreement", layout_of=p, shift=shift)
+    compared.check()
 
 
 def check_agreement(spec: OpSpec, other: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
@@ -229,14 +336,20 @@ def check_agreement(spec: OpSpec, other: OpSpec, case: Case, dtype: str, device,
     names = differentiable(spec, sample)
     out, grads, upstream = run_with_grads(spec.op_fn, sample, names, seed=seed)
     out2, grads2, _ = run_with_grads(other.op_fn, sample, names, upstream)
+    compared = Comparisons(spec, sample)
     for name, a, b in zip(spec.outputs, out, out2):
-        assert_close(f"{spec.name} vs {other.name}: {name}", a, b.double() if b is not None else None, dtype, "agreement")
+        compared.output(f"{spec.name} vs {other.name}: {name}", a, b.double() if b is not None else None, dtype,
+                        "agreement")
     for name in names:
-        assert_close(f"{spec.name} vs {other.name}: d{name}", grads[name], grads2[name].double(), dtype, "backward")
+        compared.grad(f"{spec.name} vs {other.name}: d{name}", name, grads[name], grads2[name].double(), dtype)
+    compared.check()
 
 
 def check_error_input(spec: OpSpec, error, device) -> None:
-    """The bad call raises the expected error, and launches nothing first.
+    """The bad call raises the expected error, and launches nothing first. A failure says
+    what the call got wrong and what was expected, whatever the op did instead (an op with
+    no check of its own fails deep inside its kernel's launch, with an error that names
+    neither).
 
     How the call falls short decides what its failure says of the library
     (``pytest_fla.report.verdicts``): another error, or none, is a rule of this contract
@@ -245,30 +358,31 @@ def check_error_input(spec: OpSpec, error, device) -> None:
     (:func:`silent_acceptance_breaches`): a defect."""
     import pytest
 
-    expected = f"{error.error.__name__} matching {error.match!r}"
+    what = error.what or f"the bad call `{error.name}`"
+    expected = f"expected a {error.error.__name__} matching {error.match!r} before any launch"
     with observe_launches() as launches:
         try:
             accepted = spec.op_fn(**error.kwargs)
         except error.error as raised:
             if not re.search(error.match, str(raised)):
-                raise ContractMismatch(f"{spec.name} ({error.name}): raised {type(raised).__name__}: {raised}; "
-                                       f"expected {expected}") from raised
+                raise ContractMismatch(f"{spec.name}: {what}: {expected}; its message does not match: "
+                                       f"{type(raised).__name__}: {raised}") from raised
         except Exception as raised:  # noqa: BLE001 - the type of error is the finding
             if verdicts.faulted(raised):
                 raise  # a device fault or an out-of-bounds access on the bad input: a defect
-            raise ContractMismatch(f"{spec.name} ({error.name}): raised {type(raised).__name__}: "
-                                   f"{' '.join(str(raised).split())[:300]}; expected {expected}") from raised
+            raise ContractMismatch(f"{spec.name}: {what}: {expected}; got {type(raised).__name__}: "
+                                   f"{' '.join(str(raised).split())[:300]}") from raised
         else:
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()  # a fault of the accepted call surfaces here, as a defect
             breaches = silent_acceptance_breaches(spec, error.kwargs, accepted)
             if breaches:
-                pytest.fail(f"{spec.name} ({error.name}): the bad input was accepted silently and the call then "
-                            f"went out of bounds: {'; '.join(breaches)} (expected {expected})", pytrace=False)
-            raise ContractMismatch(f"{spec.name} ({error.name}): DID NOT RAISE: the bad input was accepted "
-                                   f"(and stayed in bounds between guard bands); expected {expected}")
+                pytest.fail(f"{spec.name}: {what}: the bad input was accepted silently and the call then went "
+                            f"out of bounds: {'; '.join(breaches)} ({expected})", pytrace=False)
+            raise ContractMismatch(f"{spec.name}: {what}: {expected}; the call returned without raising "
+                                   "(DID NOT RAISE; it stayed in bounds between guard bands)")
     if launches.count:
-        raise ContractMismatch(f"{spec.name}: {launches.count} kernel launch(es) before the error")
+        raise ContractMismatch(f"{spec.name}: {what}: {launches.count} kernel launch(es) before the error")
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()  # the device is still healthy after the rejected call
 
@@ -347,8 +461,9 @@ def check_in_bounds(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> 
     label = f"{spec.name} ({case.name}, {dtype})"
     breaches = [b for record in records for b in record.breaches()]
     assert not breaches, f"{label}: " + "; ".join(breaches)
-    assert_finite(label, list(zip(spec.outputs, out)) + [(f"d{n}", grads[n]) for n in names],
-                  "are not finite with NaN past each input's end: a read out of bounds reached them")
+    results = list(zip(spec.outputs, out)) + [(f"d{n}", grads[n]) for n in names]
+    found = [f for name, t in results if t is not None for f in bounds.not_finite(name, t, records)]
+    assert not found, f"{label}: " + "; ".join(found)
 
 
 def check_deterministic(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
@@ -462,11 +577,16 @@ def _check_int64_offsets(spec: OpSpec, small: Sample, repeats: int) -> None:
         out = spec.call(_tiled(spec, small, repeats))
         ref = spec.call_reference(small, "bf16")
     last = (2 * repeats - 1) % 2  # the small-sample row the big batch's last row came from
+    compared = Comparisons(spec, small)
     for name, o, r in zip(spec.outputs, out, ref):
         if r is None:
             continue
-        assert_close(f"{spec.name}.{name}[last row of {o.shape[0]}]", o[-1:], r[last : last + 1], "bf16")
-        assert_close(f"{spec.name}.{name}[first row]", o[:1], r[:1], "bf16")
+        layout = output_layout(spec, small, r)  # the tiled rows' layout: the small sample's, more rows
+        shift = {layout[0]: o.shape[0] - 1} if layout else None
+        compared.output(f"{spec.name}.{name}[last row of {o.shape[0]}]", o[-1:], r[last : last + 1], "bf16",
+                        layout_of=r, shift=shift)
+        compared.output(f"{spec.name}.{name}[first row]", o[:1], r[:1], "bf16", layout_of=r)
+    compared.check()
 
 
 def _tiled(spec: OpSpec, sample: Sample, repeats: int) -> Sample:

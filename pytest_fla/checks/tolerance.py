@@ -139,39 +139,53 @@ def ratchet_limits(recorded: tuple[float, float], dtype: str) -> tuple[float, fl
     return RATCHET.rel_rms * recorded[0] + floor, RATCHET.max_abs * recorded[1] + floor
 
 
-def _ratchet(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> None:
+def _ratchet(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> str | None:
+    """Why the errors break the ratchet (``FLA_ERROR_BASELINE``), or None."""
     path = os.environ.get("FLA_ERROR_BASELINE")
     if not path:
-        return
+        return None
     key = (_current_test(), name, dtype, kind)
     nth = _compared.get(key, 0)
     _compared[key] = nth + 1
     recorded = recorded_errors(path).get(key, [])
     if nth >= len(recorded):
-        return  # a comparison the baseline did not make: nothing to hold it to
+        return None  # a comparison the baseline did not make: nothing to hold it to
     rms_limit, max_limit = ratchet_limits(recorded[nth], dtype)
-    assert rel <= rms_limit and rel_max <= max_limit, (
-        f"error ratchet: {name} ({dtype}, {kind}): relative RMS error {rel:.3e}, max {rel_max:.3e}, "
-        f"against {recorded[nth][0]:.3e} and {recorded[nth][1]:.3e} recorded ({path}); within its limits, "
-        f"but past {RATCHET.rel_rms}x and {RATCHET.max_abs}x the recorded errors"
-    )
+    if rel <= rms_limit and rel_max <= max_limit:
+        return None
+    return (f"error ratchet: {name} ({dtype}, {kind}): relative RMS error {rel:.3e}, max {rel_max:.3e}, "
+            f"against {recorded[nth][0]:.3e} and {recorded[nth][1]:.3e} recorded ({path}); within its limits, "
+            f"but past {RATCHET.rel_rms}x and {RATCHET.max_abs}x the recorded errors")
 
 
-def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=None) -> None:
-    """Assert ``out`` matches the float64 ``ref`` under the rule above (``kind``: forward,
-    backward or agreement). ``scale``: what the error is measured against instead of ``ref``
-    (a sum's per-element sum of its terms' magnitudes; ``checks.token_masses``)."""
+@dataclass(frozen=True)
+class Mismatch:
+    """A comparison that failed: what it found, and the index of the element that shows it
+    best (``which``: the first non-finite one, or the one furthest from the reference), or
+    None where no element does (a shape, a missing tensor)."""
+
+    message: str
+    at: tuple[int, ...] | None = None
+    which: str = "worst element"
+    by_ratchet: bool = False  # within the limits, past the recorded errors
+
+
+def mismatch(name: str, out, ref, dtype: str, kind: str = "forward", scale=None) -> Mismatch | None:
+    """How ``out`` fails the rule above against the float64 ``ref`` (``kind``: forward,
+    backward or agreement), or None where it passes. ``scale``: what the error is measured
+    against instead of ``ref`` (a sum's per-element sum of its terms' magnitudes;
+    ``checks.token_masses``)."""
     if ref is None:
-        assert out is None, f"{name}: expected None, got a tensor"
-        return
-    assert out is not None, f"{name}: expected a tensor, got None"
-    assert tuple(out.shape) == tuple(ref.shape), f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+        return None if out is None else Mismatch(f"{name}: expected None, got a tensor")
+    if out is None:
+        return Mismatch(f"{name}: expected a tensor, got None")
+    if tuple(out.shape) != tuple(ref.shape):
+        return Mismatch(f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     finite = torch.isfinite(ref.detach())
     bad = finite & ~torch.isfinite(out.detach())
-    assert not bad.any(), (
-        f"{name}: {int(bad.sum())} of {out.numel()} elements are NaN/Inf where the reference is finite "
-        f"(first at index {tuple(torch.nonzero(bad)[0].tolist())})"
-    )
+    if bad.any():
+        return Mismatch(f"{name}: {int(bad.sum())} of {out.numel()} elements are NaN/Inf where the reference is finite",
+                        tuple(torch.nonzero(bad)[0].tolist()), "first")
     tol = {"forward": FORWARD, "backward": BACKWARD, "agreement": AGREEMENT}[kind][dtype]
     out64, ref64 = torch.where(finite, out.detach().double(), 0.0), torch.where(finite, ref.detach().double(), 0.0)
     if scale is None:
@@ -181,8 +195,19 @@ def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=N
         rel, rel_max = errors(out64 - ref64 + scale64, scale64)  # |diff| over the scale's norm and max
         name = f"{name} (against the sum of its terms' magnitudes)"
     _record(name, dtype, kind, rel, rel_max)
-    assert rel <= tol.rel_rms and rel_max <= tol.max_abs, (
-        f"{name} ({dtype}, {kind}): relative RMS error {rel:.3e} (limit {tol.rel_rms:.1e}), "
-        f"max abs error {rel_max:.3e} x max|ref| (limit {tol.max_abs:.1e})"
-    )
-    _ratchet(name, dtype, kind, rel, rel_max)
+    worst = None
+    if out64.numel():
+        worst = tuple(int(i) for i in torch.unravel_index(torch.argmax((out64 - ref64).abs()), out64.shape))
+    if not (rel <= tol.rel_rms and rel_max <= tol.max_abs):
+        return Mismatch(f"{name} ({dtype}, {kind}): relative RMS error {rel:.3e} (limit {tol.rel_rms:.1e}), "
+                        f"max abs error {rel_max:.3e} x max|ref| (limit {tol.max_abs:.1e})", worst)
+    ratchet = _ratchet(name, dtype, kind, rel, rel_max)
+    return None if ratchet is None else Mismatch(ratchet, worst, by_ratchet=True)
+
+
+def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=None) -> None:
+    """Assert ``out`` matches the float64 ``ref`` under the rule above (:func:`mismatch`)."""
+    found = mismatch(name, out, ref, dtype, kind, scale)
+    if found is not None:
+        where = "" if found.at is None else f" ({found.which} at index {found.at})"
+        raise AssertionError(found.message + where)

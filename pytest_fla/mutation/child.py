@@ -26,8 +26,9 @@ REFUSALS = ("CompilationError", "CompileTimeAssertionFailure", "UnsupportedLangu
             "PTXASError", "InterpreterError")
 
 
-# A finding of the interpreter's access check (``pytest_fla.sanitizer.interpreter``): it too
-# arrives wrapped in an ``InterpreterError``, but judges what the code does, as memcheck does.
+# A finding of the interpreter's access check (``pytest_fla.sanitizer.interpreter``), raised
+# from inside the interpreter's run of the kernel body: it judges what the code does, as
+# memcheck does, not whether Triton takes the code.
 FINDINGS = ("OutOfBounds", "UnorderedWrites")
 
 

@@ -21,6 +21,7 @@ library that words its errors differently passes its own patterns (``messages=``
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Iterable, Mapping
 
 import torch
@@ -102,6 +103,21 @@ def zero_heads_errors(spec: OpSpec, case: Case, device, heads: Mapping[str, str]
             yield ErrorInput(f"zero_heads_{dim}", kwargs, ValueError, f"`{name}`.*at least one head")
 
 
+def zero_width_errors(spec: OpSpec, case: Case, device, widths: Mapping[str, str]) -> Iterable[ErrorInput]:
+    """For each width dim of ``widths`` (dim -> the argument whose last dim it is, e.g.
+    ``{"K": "q", "V": "v"}``) that the spec's layouts use: the case drawn with that dim 0,
+    a ValueError in this project's range error, naming the argument (`` key head dim K
+    (q.shape[-1]) = 0 is outside the supported range 1..256 ``), never an empty output
+    (docs/ops.md, "Zero widths")."""
+    case = dataclasses.replace(case, gpu_dims=None)  # explicit dims on every device
+    used = {d for arg in spec.args.values() for d in arg.layout}
+    for dim, name in widths.items():
+        if dim in used:
+            kwargs = spec.sample(case.with_dims(**{dim: 0}), "fp32", device).kwargs
+            yield ErrorInput(f"zero_width_{dim}", kwargs, ValueError,
+                             rf"\({re.escape(name)}\.shape\[-1\]\) = 0 is outside the supported range")
+
+
 def shape_errors(spec: OpSpec, kwargs: Mapping, anchor: str) -> Iterable[ErrorInput]:
     """For every tensor argument but ``anchor`` (whose shape defines the sizes): one with
     a dim the anchor defines off by one (T where the layout has it, else the last dim),
@@ -153,15 +169,17 @@ def varlen_errors(spec: OpSpec, case: Case, device, messages: Mapping[str, str] 
 
 
 def linear_attention_errors(anchor: str = "q", head_dim: str | None = "K", too_large: int = 512,
-                            heads: Mapping[str, str] | None = None, scale: bool = True) -> ErrorFactory:
+                            heads: Mapping[str, str] | None = None, scale: bool = True,
+                            widths: Mapping[str, str] | None = None) -> ErrorFactory:
     """The error factory for a recurrent op whose sizes are defined by ``anchor``: its
     dtype (float64, int), ``v``'s dtype differing, every other argument mis-shaped,
     ``initial_state`` in a dtype it is not taken in (:func:`state_dtype_errors`), the head
     dim ``head_dim`` at ``too_large`` (out of the supported range; ``head_dim=None`` for an
     op whose channel count is unbounded, e.g. hgrn's), zero heads (:func:`zero_heads_errors`;
     ``heads`` defaults to ``H`` read from ``anchor`` and ``HV`` from ``v``; ``{}`` for an op
-    without heads), a non-finite ``scale`` (``scale=False``: the op takes none), and (for a
-    varlen op) every ``cu_seqlens`` mistake."""
+    without heads), zero widths (:func:`zero_width_errors`; ``widths`` defaults to ``K``
+    read from ``anchor`` and ``V`` from ``v``), a non-finite ``scale`` (``scale=False``: the
+    op takes none), and (for a varlen op) every ``cu_seqlens`` mistake."""
 
     def errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
         case = dataclasses.replace(spec.cases[0], options={**spec.cases[0].options, "initial_state": True})
@@ -175,6 +193,7 @@ def linear_attention_errors(anchor: str = "q", head_dim: str | None = "K", too_l
         if scale:
             yield from scale_errors(kwargs)
         yield from zero_heads_errors(spec, case, device, {"H": anchor, "HV": "v"} if heads is None else heads)
+        yield from zero_width_errors(spec, case, device, {"K": anchor, "V": "v"} if widths is None else widths)
         if head_dim is not None:
             # explicit dims on every device: a case's GPU dims would put the head dim back in range
             dims = {head_dim: too_large, **({"V": 16} if head_dim != "V" else {})}

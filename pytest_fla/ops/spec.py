@@ -100,12 +100,14 @@ class Sample:
 
 @dataclass(frozen=True)
 class ErrorInput:
-    """A call that must raise ``error`` with a message matching ``match``, before any launch."""
+    """A call that must raise ``error`` with a message matching ``match``, before any launch.
+    ``what``: what is wrong with the call, for a failure's message (``name`` where empty)."""
 
     name: str
     kwargs: Mapping[str, Any]
     error: type
     match: str
+    what: str = ""
 
 
 # (case, dtype, device, generator, lengths) -> Sample. With ``lengths`` the factory packs

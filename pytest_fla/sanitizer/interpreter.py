@@ -317,6 +317,13 @@ def install() -> bool:
         LAUNCHES.barrier()
         try:
             return call(self, *args, **kwargs)
+        except Exception as error:
+            finding = error.__cause__
+            if isinstance(finding, (OutOfBounds, UnorderedWrites)):
+                # Triton's interpreter wraps it in an InterpreterError of its repr, caused by
+                # it: a failure printed the finding twice, once per exception of the chain
+                raise finding from None
+            raise
         finally:
             LAUNCHES.stack.pop()
             LAUNCHES.barrier()

@@ -16,7 +16,8 @@ import torch
 
 from ..ops.inputs import Arg, make_factory
 from ..ops.spec import Case, ErrorInput, OpSpec, Sample
-from .common import HUGE_GRID_DIMS, INT64_DIMS, scale_errors, shape_errors, varlen_errors, with_args, zero_heads_errors
+from .common import (HUGE_GRID_DIMS, INT64_DIMS, scale_errors, shape_errors, varlen_errors, with_args, zero_heads_errors,
+                     zero_width_errors)
 
 ARGS = {
     "q": Arg(("B", "T", "H", "K")),
@@ -68,6 +69,7 @@ def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     yield ErrorInput("scale_tensor", with_args(kwargs, scale=torch.tensor(0.1)), TypeError, "`scale`")
     yield ErrorInput("causal_none", with_args(kwargs, causal=None), TypeError, "`causal`")
     yield from zero_heads_errors(spec, case, device, {"H": "q"})
+    yield from zero_width_errors(spec, case, device, {"K": "q", "V": "v"})
     yield from varlen_errors(spec, case, device)
 
 

@@ -34,7 +34,8 @@ COMPILE = (
 HUGE_GRID = {"B": 4097, "T": 16, "D": 2048}
 # a sample of 2 rows the 64-bit-offset check tiles past 2**31 elements
 INT64_DIMS = {"B": 2, "T": 64, "D": 512}
-ERRORS = linear_attention_errors("x", head_dim=None, heads={}, scale=False)  # no heads, no scale
+# no heads, no scale; the channel dim D is the width
+ERRORS = linear_attention_errors("x", head_dim=None, heads={}, scale=False, widths={"D": "x"})
 
 SPECS = [
     linear_attention_spec(

@@ -61,7 +61,7 @@ def _factory():
         kw = sample.kwargs
         for name, fan_in in FAN_IN.items():
             if name in kw:
-                kw[name] = kw[name] * dims[fan_in] ** -0.5
+                kw[name] = kw[name] * max(dims[fan_in], 1) ** -0.5  # a zero width's error input has empty weights
         for name in ("q_conv_weight", "k_conv_weight", "v_conv_weight"):
             kw[name] = kw[name] * 0.5
         kw["num_heads"], kw["num_v_heads"] = dims["H"], dims["HV"]
@@ -81,6 +81,12 @@ def _errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
         yield ErrorInput(f"{name}_shape", with_args(kw, **{name: t[..., :-1].contiguous()}), ValueError, f"`{name}`.*shape")
     yield ErrorInput("num_heads_not_dividing", with_args(kw, num_heads=kw["num_v_heads"] + 1), ValueError, "num_heads|num_v_heads")
     yield ErrorInput("mode_unknown", with_args(kw, mode="parallel"), ValueError, "`mode`")
+    # zero widths (docs/ops.md): the hidden size, each head dim read off its projection, the conv's width
+    flat = dataclasses.replace(case, gpu_dims=None)
+    for dim, what in (("C", r"hidden size \(x\.shape\[-1\]\)"), ("K", r"key head dim K \(q_weight"),
+                      ("V", r"value head dim V \(v_weight"), ("W", r"conv width W \(q_conv_weight")):
+        yield ErrorInput(f"zero_width_{dim}", spec.sample(flat.with_dims(**{dim: 0}), "fp32", device).kwargs,
+                         ValueError, f"{what}.* = 0 is outside the supported range")
     yield from varlen_errors(spec, case, device)
 
 

@@ -16,7 +16,8 @@ from typing import Iterable
 import torch
 
 from ..ops.builders import LOW_PRECISION_STATES, huge_grid_dims, op_spec
-from ..ops.error_inputs import dtype_errors, state_dtype_errors, varlen_errors, with_args, zero_heads_errors
+from ..ops.error_inputs import (dtype_errors, state_dtype_errors, varlen_errors, with_args, zero_heads_errors,
+                                zero_width_errors)
 from ..ops.inputs import Arg, make_factory
 from ..ops.spec import Case, ErrorInput, OpSpec, Sample
 
@@ -76,6 +77,7 @@ def _norm_errors(gated: bool, affine: bool):
         wide = torch.zeros(2, 16385, device=device)
         big = {"x": wide, **({"g": wide} if gated else {})}
         yield ErrorInput("dim_16385", big, ValueError, "16385.*supported range")
+        yield from zero_width_errors(spec, spec.cases[0], device, {"D": "x"})
         yield ErrorInput("eps_negative", with_args(kwargs, eps=-1.0), ValueError, "`eps`")
 
     return errors
@@ -186,6 +188,7 @@ def _conv_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     yield ErrorInput("initial_state_width", with_args(kwargs, initial_state=state[..., :-1].contiguous()), ValueError, "`initial_state`.*shape")
     yield from state_dtype_errors(spec, kwargs)
     yield ErrorInput("initial_state_channels_last", with_args(kwargs, initial_state=state.transpose(1, 2).contiguous()), ValueError, "`initial_state`")
+    yield from zero_width_errors(spec, case, device, {"D": "x"})
     yield from varlen_errors(spec, case, device)
 
 
@@ -261,6 +264,7 @@ def _rotary_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     yield ErrorInput("offset_float", with_args(kwargs, seqlen_offset=1.5), TypeError, "`seqlen_offset`")
     yield ErrorInput("head_dim_2048", {"x": torch.zeros(1, 1, 1, 2048, device=device), "dim": 64}, ValueError, "2048.*supported range")
     yield from zero_heads_errors(spec, case, device, {"H": "x"})
+    yield from zero_width_errors(spec, case, device, {"D": "x"})
     yield from varlen_errors(spec, case, device)
 
 
@@ -322,6 +326,8 @@ def _table_errors(spec: OpSpec, device) -> Iterable[ErrorInput]:
     yield ErrorInput("offsets_wrong_length", with_args(kwargs, seqlen_offsets=torch.zeros(kwargs["x"].shape[0] + 1, dtype=torch.int64, device=device)),
                      ValueError, "`seqlen_offsets`.*shape")
     yield ErrorInput("tables_need_grad", with_args(kwargs, cos=cos.clone().requires_grad_()), ValueError, "`cos`")
+    yield from zero_heads_errors(spec, spec.cases[0], device, {"H": "x"})
+    yield from zero_width_errors(spec, spec.cases[0], device, {"D": "x"})
     yield from varlen_errors(spec, spec.cases[0], device)
 
 

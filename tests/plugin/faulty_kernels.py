@@ -41,6 +41,22 @@ def off_by_one_read(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def short_copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # The planted bug: the mask stops one short (offs < n - 1), so the last element is never written.
+    mask = offs < n - 1
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def unwritten_last(x: torch.Tensor) -> torch.Tensor:
+    """Copies every element of ``x`` but the last: its output's last element is never
+    written, and no access leaves a tensor."""
+    y = torch.empty_like(x)
+    short_copy_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel(), BLOCK=128)
+    return y
+
+
+@triton.jit
 def discarded_read_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

@@ -32,7 +32,9 @@ def test_a_clean_kernel_leaves_every_band():
 
 
 def test_a_store_past_the_end_is_named_with_its_allocation():
-    y, breaches = banded_call(fk.off_by_one_store, torch.randn(300, device=DEVICE))
+    # values none of whose bytes is a band's: one byte of a random float32 matches the band
+    # in about 1 draw in 90, and the stray store then changes 3 bytes, not 4
+    y, breaches = banded_call(fk.off_by_one_store, torch.arange(1.0, 301.0, device=DEVICE))
     assert len(breaches) == 1, breaches
     assert "4 byte(s) changed past the end of a [300] float32 allocation (plugin/faulty_kernels.py:" in breaches[0]
     assert "(the nearest at byte +0)" in breaches[0]
@@ -114,6 +116,52 @@ def test_the_check_bands_differentiable_inputs_and_upstream_gradients(label, for
             generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
 
 
+def _poisoned_then_unwritten_last(x):
+    """What a library that poisons its own allocations (``fla_poison = pkg:FLAG``) leaves:
+    the placed allocation filled with NaN, its last element never written."""
+    y = torch.empty_like(x).fill_(float("nan"))
+    fk.short_copy_kernel[(1,)](x, y, x.numel(), BLOCK=128)
+    return y
+
+
+@pytest.mark.parametrize("forward, backward, result, held", [
+    (fk.unwritten_last, fk.copy, "y", "the band pattern of a [2, 5, 8] float32 allocation (plugin/faulty_kernels.py:"),
+    (fk.copy, fk.unwritten_last, "dx", "the band pattern of a [2, 5, 8] float32 allocation (plugin/faulty_kernels.py:"),
+    (_poisoned_then_unwritten_last, fk.copy, "y", "the poisoned allocation's NaN"),
+])
+@cpu_only
+def test_an_element_never_written_is_told_from_a_read_out_of_bounds(forward, backward, result, held):
+    """An unwritten element holds its own allocation's pattern (or a library's poison), where
+    a read past an input brings that input's: the check names the one it finds."""
+    from pytest_fla.api import Arg, Case, op_spec
+    from pytest_fla.checks import generic
+
+    case = Case("small", {"B": 2, "T": 5, "D": 8})
+    spec = op_spec("short_copy", op=_differentiable_op(forward, backward), reference=lambda x: x.double(),
+                   args={"x": Arg(("B", "T", "D"))}, cases=(case,), grads=("x",), outputs=("y",), varlen=False)
+    with pytest.raises(AssertionError) as failed:
+        generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
+    message = str(failed.value)
+    assert f"1 of 80 elements of {result} were never written (they still hold {held}" in message, message
+    assert "first at (1, 4, 7)" in message
+    assert "read out of bounds" not in message
+
+
+@cpu_only
+def test_a_read_past_an_input_names_the_input_whose_band_it_read():
+    from pytest_fla.api import Arg, Case, op_spec
+    from pytest_fla.checks import generic
+
+    case = Case("small", {"B": 2, "T": 5, "D": 8})
+    spec = op_spec("shifted_copy", op=_differentiable_op(fk.off_by_one_read, fk.copy), reference=lambda x: x.double(),
+                   args={"x": Arg(("B", "T", "D"))}, cases=(case,), grads=("x",), outputs=("y",), varlen=False)
+    with interpreter_memcheck.suspended(), pytest.raises(AssertionError) as failed:
+        generic.check_in_bounds(spec, case, "fp32", "cpu", 1)
+    assert ("1 of 80 elements of y are not finite with NaN past each input's end: a read out of bounds reached them "
+            "(NaN with the tag of input `x`), first at (1, 4, 7)") in str(failed.value)
+    assert "never written" not in str(failed.value)
+
+
 TOY_OPS = '''
 import torch
 import triton
@@ -142,6 +190,12 @@ def double_past_the_end(x):
     return _double(x, 1)
 
 
+def double_but_the_last(x):
+    y = torch.empty_like(x)
+    double_kernel[(triton.cdiv(x.numel(), 128),)](x, y, x.numel() - 1, BLOCK=128, OVERRUN=0)
+    return y
+
+
 def double_reference(x):
     return 2 * x.double()
 '''
@@ -157,7 +211,7 @@ CASES = (Case("small", {"B": 2, "T": 5, "D": 8}),)
 def pytest_fla_specs(config):
     return [op_spec(name, op=getattr(toy_ops, name), reference=toy_ops.double_reference, args=ARGS, cases=CASES,
                     outputs=("y",), varlen=False)
-            for name in ("double", "double_past_the_end")]
+            for name in ("double", "double_past_the_end", "double_but_the_last")]
 '''
 
 
@@ -188,3 +242,16 @@ def test_under_the_interpreter_its_access_check_fails_every_check_that_runs_the_
     assert "test_forward[double-fp32-small] PASSED" in out
     assert ("double_kernel (program (0, 0, 0)): write of 1 element(s) of 4 bytes outside every tensor argument; "
             "the lowest, 0 bytes past the end of `y` (float32[2, 5, 8])") in out
+
+
+@cpu_only
+def test_an_output_never_written_is_reported_as_such_by_both_checks(pytester):
+    """The element the op never writes: the poisoning check and the bands' check say the same."""
+    pytester.makepyfile(toy_ops=TOY_OPS, conftest=TOY_CONFTEST,
+                        test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
+    out = run(pytester, "-v", "-k", "double_but_the_last and (every_output or in_bounds)").stdout.str()
+    for check in ("test_every_output_written[double_but_the_last]", "test_in_bounds[double_but_the_last-fp32-small]"):
+        assert f"{check} FAILED" in out, check
+    assert ("double_but_the_last (small, fp32): 1 of 80 elements of y were never written (they still hold the band "
+            "pattern of a [2, 5, 8] float32 allocation (") in out
+    assert "a read out of bounds reached them" not in out

@@ -83,6 +83,18 @@ def test_the_interpreter_gives_the_verdicts_in_the_table(project):
 
 
 @cpu_only
+def test_a_finding_is_reported_once(project):
+    """The finding itself fails the test: Triton's interpreter wraps it in an InterpreterError
+    repeating its message, and a failure printed both."""
+    project.makepyfile(test_faults=FAULTS.replace('"DEVICE"', '"cpu"'))
+    out = run(project, "-k", "test_off_by_one_read").stdout.str()
+    finding = "shifted_copy_kernel (program (7, 0, 0)): read of 1 element(s) of 4 bytes outside every tensor argument"
+    assert out.count(finding) == 1, out
+    assert "E       pytest_fla.sanitizer.interpreter.OutOfBounds: " + finding in out
+    assert "InterpreterError" not in out
+
+
+@cpu_only
 def test_turned_off_every_fault_passes(project, monkeypatch):
     """What a plain run gives: none of these faults changes a checked value."""
     project.makepyfile(test_faults=FAULTS.replace('"DEVICE"', '"cpu"'))
@@ -145,6 +157,15 @@ def test_lanes_that_repeat_an_address_count_once():
 
 
 @needs_interpreter
+def test_a_finding_is_raised_as_itself():
+    import faulty_kernels as fk
+
+    with pytest.raises(memcheck.OutOfBounds) as found:
+        fk.off_by_one_store(torch.zeros(100))
+    assert found.value.__cause__ is None and found.value.__suppress_context__
+
+
+@needs_interpreter
 def test_two_stores_of_one_address_with_no_barrier_between_fail():
     import faulty_kernels as fk
 
@@ -152,7 +173,8 @@ def test_two_stores_of_one_address_with_no_barrier_between_fail():
     with pytest.raises(Exception) as found:
         fk.overlapping_stores(x)
     message = str(found.value)
-    assert "UnorderedWrites" in message and "overlapping_stores_kernel (program (7, 0, 0)): 1 element(s) written " \
+    assert found.type is memcheck.UnorderedWrites
+    assert "overlapping_stores_kernel (program (7, 0, 0)): 1 element(s) written " \
         "different values by two stores with no barrier between them" in message
     assert "tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=head) * 0.0" in message
     assert "tl.store(y_ptr + last, tl.load(x_ptr + last)" in message
