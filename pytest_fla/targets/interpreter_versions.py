@@ -1,0 +1,138 @@
+"""Valid kernels that the interpreter of one Triton in the plugin's range fails, made to run
+on each.
+
+A kernel's run under ``TRITON_INTERPRET=1`` must not depend on which Triton of the range
+(``pyproject.toml``: 3.6 to 3.9) is installed. Two of a user's ordinary kernels failed on
+some of them, before or at their first load (``tests/plugin/test_interpreter_versions.py``
+runs each on every Triton):
+
+* **A block mask and'ed with a scalar comparison** (``(cols < 3) & (pid > tl.load(cu))``),
+  or a scalar mask on a block of pointers. The interpreter keeps a comparison's numpy bools
+  under its operands' type (int32), and broadcasting the scalar to the block (a splat) then
+  makes int32 zeros and ones of it. Triton 3.6 and 3.7 load, store and add atomically under
+  any integer mask, nonzero as true; 3.9 rejects it: ``ValueError('mask has unsupported
+  dtype')``. :func:`fix_int1_splats` makes the splat of an int1 value numpy bools, nonzero
+  as true, as the older interpreters read it.
+* **A bool argument** (``kernel[grid](x, flag=True)`` with ``flag`` not constexpr). Triton
+  3.6 and 3.7 hand it to the kernel as a 32-bit integer typed int1, which their own check
+  rejects at launch (``numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth (1
+  bits)``); 3.9 hands a numpy bool. :func:`fix_bool_arguments` does as 3.9.
+
+Each is installed only where a probe of this process's interpreter shows the failure (the
+mask fix on 3.9, the argument fix on 3.6 and 3.7), so that an interpreter that runs the
+kernel is left as it is. One difference is not patched: Triton 3.9 removed block pointers
+(``tl.make_block_ptr`` raises, ``tl.advance`` is gone) from the language, on a GPU as in the
+interpreter, so a kernel that uses them is not valid on 3.9; the interpreter fails it with
+Triton's own plain message, "Block pointers have been removed in favor of the tensor
+descriptor API". Passing it in the interpreter would hide a kernel that cannot compile.
+"""
+
+from __future__ import annotations
+
+MASK_FIX = "masks broadcast from a scalar comparison"
+ARGUMENT_FIX = "bool arguments"
+
+
+def _interpreter():
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return None
+    return interpreter
+
+
+def rejects_integer_masks() -> bool:
+    """Whether this interpreter's loads refuse a mask held as integers (Triton 3.9's)."""
+    interpreter = _interpreter()
+    native = getattr(interpreter, "_interpreter", None)
+    if native is None or not hasattr(native, "load"):
+        return False
+    import numpy as np
+
+    value = np.ones(1, dtype=np.float32)
+    addresses = np.array([value.ctypes.data], dtype=np.uint64)
+    try:
+        native.load(addresses, np.ones(1, dtype=np.int32), np.zeros(1, dtype=np.float32), np.dtype(np.float32))
+    except ValueError:
+        return True
+    return False
+
+
+def rejects_bool_arguments() -> bool:
+    """Whether this interpreter's launch refuses a bool argument (Triton 3.6's and 3.7's)."""
+    convert = getattr(_interpreter(), "_implicit_cvt", None)
+    if convert is None:
+        return False
+    convert = getattr(convert, "fla_original", convert)  # Triton's own, fixed or not
+    try:
+        convert(True)
+    except ValueError:
+        return True
+    return False
+
+
+def fix_int1_splats() -> bool:
+    """Make the interpreter's splat of an int1 value numpy bools (idempotent); False where its
+    shape is not the one this was written for (then nothing is patched)."""
+    interpreter = _interpreter()
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    if builder is None or handle is None or not hasattr(builder, "create_splat"):
+        return False
+    if getattr(builder.create_splat, "fla_int1_splats", False):
+        return True
+    import numpy as np
+    import triton.language as tl
+
+    original = builder.create_splat
+
+    def create_splat(self, ret_ty, arg):
+        splat = original(self, ret_ty, arg)
+        if getattr(ret_ty, "scalar", ret_ty) == tl.int1 and splat.data.dtype != np.bool_:
+            return handle(splat.data != 0, tl.int1)
+        return splat
+
+    create_splat.fla_int1_splats = True
+    builder.create_splat = create_splat
+    return True
+
+
+def fix_bool_arguments() -> bool:
+    """Hand a launch's bool arguments to the kernel as numpy bools (idempotent); False where
+    the interpreter's shape is not the one this was written for."""
+    interpreter = _interpreter()
+    original = getattr(interpreter, "_implicit_cvt", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    if original is None or handle is None:
+        return False
+    if getattr(original, "fla_bool_arguments", False):
+        return True
+    import numpy as np
+    import triton.language as tl
+
+    def implicit_cvt(arg):
+        if isinstance(arg, bool):
+            return tl.tensor(handle(np.array([arg], dtype=np.bool_), tl.int1), tl.int1)
+        return original(arg)
+
+    implicit_cvt.fla_bool_arguments = True
+    implicit_cvt.fla_original = original
+    # a module global: the launch (and its tuples' conversion) look it up at each call
+    interpreter._implicit_cvt = implicit_cvt
+    return True
+
+
+def needed() -> list[str]:
+    """The fixes this process's interpreter needs (the plugin's header names them)."""
+    try:
+        import numpy  # noqa: F401  (the probes')
+    except ImportError:
+        return []
+    return [name for name, probe in ((MASK_FIX, rejects_integer_masks), (ARGUMENT_FIX, rejects_bool_arguments))
+            if probe()]
+
+
+def install() -> list[str]:
+    """Install the fixes this interpreter needs; the names of those installed."""
+    fixes = {MASK_FIX: fix_int1_splats, ARGUMENT_FIX: fix_bool_arguments}
+    return [name for name in needed() if fixes[name]()]
