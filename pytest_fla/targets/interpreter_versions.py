@@ -9,14 +9,14 @@ runs each on every Triton):
 * **A block mask and'ed with a scalar comparison** (``(cols < 3) & (pid > tl.load(cu))``),
   or a scalar mask on a block of pointers. The interpreter keeps a comparison's numpy bools
   under its operands' type (int32), and broadcasting the scalar to the block (a splat) then
-  makes int32 zeros and ones of it. Triton 3.6 and 3.7 load, store and add atomically under
+  makes int32 zeros and ones of it. Triton 3.6 to 3.8 load, store and add atomically under
   any integer mask, nonzero as true; 3.9 rejects it: ``ValueError('mask has unsupported
   dtype')``. :func:`fix_int1_splats` makes the splat of an int1 value numpy bools, nonzero
   as true, as the older interpreters read it.
 * **A bool argument** (``kernel[grid](x, flag=True)`` with ``flag`` not constexpr). Triton
   3.6 and 3.7 hand it to the kernel as a 32-bit integer typed int1, which their own check
   rejects at launch (``numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth (1
-  bits)``); 3.9 hands a numpy bool. :func:`fix_bool_arguments` does as 3.9.
+  bits)``); 3.8 and 3.9 hand a numpy bool. :func:`fix_bool_arguments` does as 3.9.
 
 Each is installed only where a probe of this process's interpreter shows the failure (the
 mask fix on 3.9, the argument fix on 3.6 and 3.7), so that an interpreter that runs the

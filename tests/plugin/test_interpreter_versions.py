@@ -6,6 +6,9 @@ install, and the checks below tie each installed fix to a kernel that needs it."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from plugin_testing import cpu_only, run
 
@@ -129,49 +132,49 @@ def outcomes(result) -> dict[str, str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The user's tests run with the plugin and without it (``-p no:fla``), and the fixes
-    this Triton's interpreter needs (the plugin's probes, run in a fresh process)."""
-    import subprocess
-    import sys
+USER_TESTS = USER_KERNELS.count("\ndef test_")
 
+
+@pytest.fixture(scope="module")
+def needed_fixes() -> list[str]:
+    """The fixes this Triton's interpreter needs, by the plugin's probes in a fresh process
+    (this one's interpreter may be patched already)."""
     probe = subprocess.run([sys.executable, "-c", "from pytest_fla.targets import interpreter_versions as v; "
                             "print('|'.join(v.needed()))"], capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0, probe.stderr[-2000:]
-    return {"needed": [n for n in probe.stdout.strip().split("|") if n]}
+    return [name for name in probe.stdout.strip().split("|") if name]
 
 
 @cpu_only
-def test_the_users_kernels_run_with_the_plugin_on_this_triton(pytester, monkeypatch, runs):
+def test_the_users_kernels_run_with_the_plugin_on_this_triton(pytester, monkeypatch, needed_fixes):
+    """And the header names the fixes installed (none where this Triton needs none)."""
     pytester.makepyfile(test_user_kernels=USER_KERNELS)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     result = run(pytester, "-v")
     out = result.stdout.str()
-    assert set(outcomes(result).values()) == {"passed"} and len(outcomes(result)) == 5, out
-    line = [text for text in result.stdout.lines if text.startswith("fla interpreter versions:")]
-    if runs["needed"]:
-        assert line and all(fix in line[0] for fix in runs["needed"]), out
-    else:
-        assert not line, out
+    found = outcomes(result)
+    assert len(found) == USER_TESTS and set(found.values()) == {"passed"}, out
+    header = [line for line in result.stdout.lines if line.startswith("fla interpreter versions:")]
+    assert len(header) == (1 if needed_fixes else 0), out
+    assert all(fix in header[0] for fix in needed_fixes), out
 
 
 @cpu_only
-def test_each_fix_installed_is_one_a_kernel_needs(pytester, monkeypatch, runs):
+def test_each_fix_installed_is_one_a_kernel_needs(pytester, monkeypatch, needed_fixes):
     """Without the plugin, a kernel fails exactly where this interpreter lacks its fix: the
     probes install nothing that this Triton runs without, and miss nothing it fails."""
     pytester.makepyfile(test_user_kernels=USER_KERNELS)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     result = run(pytester, "-v", "-p", "no:fla")
     found = outcomes(result)
-    assert len(found) == 5, result.stdout.str()
+    assert len(found) == USER_TESTS, result.stdout.str()
     for name, outcome in found.items():
         fix = NEEDS[name.removeprefix("test_").split("__")[0]]
-        assert outcome == ("failed" if fix in runs["needed"] else "passed"), (name, runs["needed"], result.stdout.str())
+        assert outcome == ("failed" if fix in needed_fixes else "passed"), (name, needed_fixes, result.stdout.str())
     out = result.stdout.str()
-    if interpreter_versions.MASK_FIX in runs["needed"]:
+    if interpreter_versions.MASK_FIX in needed_fixes:
         assert "mask has unsupported dtype" in out, out
-    if interpreter_versions.ARGUMENT_FIX in runs["needed"]:
+    if interpreter_versions.ARGUMENT_FIX in needed_fixes:
         assert "exceeds dtype primitive_bitwidth (1 bits)" in out, out
 
 
