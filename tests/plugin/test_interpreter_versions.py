@@ -6,8 +6,11 @@ install, and the checks below tie each installed fix to a kernel that needs it."
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from plugin_testing import cpu_only, run
@@ -214,3 +217,31 @@ def test_a_kernel_with_block_pointers_runs_or_is_told_they_are_gone(pytester, mo
     else:
         result.assert_outcomes(failed=1)
         assert "Block pointers have been removed in favor of the tensor descriptor API" in result.stdout.str()
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "token_cumsum"
+# the example's scan load, and the same load also masked by its token's place in the
+# sequence: a block mask and'ed with a scalar comparison of a loaded bound (true for every
+# token the loop reaches, so the sums are unchanged)
+EXAMPLE_LOAD = "acc += tl.load(inp + offset, mask=mask, other=0.0)"
+EXAMPLE_LOAD_MASKED_BY_THE_BOUND = "acc += tl.load(inp + offset, mask=mask & (t < eos), other=0.0)"
+
+
+@cpu_only
+def test_a_repositorys_op_whose_kernel_masks_by_a_loaded_bound_passes_its_checks(tmp_path):
+    """The shape the mask case came in: another repository's op, described with
+    ``pytest_fla.api`` (the example package), whose kernel masks its loads by a block mask
+    and'ed with a scalar comparison of a ``cu_seqlens`` value; its forward, backward and
+    varlen checks under the interpreter, on this Triton."""
+    project = tmp_path / "token_cumsum"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    op = project / "token_cumsum" / "op.py"
+    source = op.read_text()
+    assert source.count(EXAMPLE_LOAD) == 1, "the example's scan load changed: update this test's rewrite"
+    op.write_text(source.replace(EXAMPLE_LOAD, EXAMPLE_LOAD_MASKED_BY_THE_BOUND))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                           "tests/test_conformance.py", "-k", "test_forward or test_backward or test_varlen"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=540)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
+    assert done.returncode == 0 and " passed" in summary and "failed" not in summary, done.stdout[-4000:]
