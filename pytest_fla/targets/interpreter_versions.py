@@ -17,9 +17,14 @@ runs each on every Triton):
   3.6 and 3.7 hand it to the kernel as a 32-bit integer typed int1, which their own check
   rejects at launch (``numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth (1
   bits)``); 3.8 and 3.9 hand a numpy bool. :func:`fix_bool_arguments` does as 3.9.
+* **A scalar as a loop bound or an index** (``for i in range(tl.cdiv(T, BT).to(tl.int32))``)
+  under numpy 2.4 or later (the plugin's requirement is any numpy). Triton 3.6 converts the
+  scalar with ``int()`` of its one-element array, which numpy 2.4 refuses (``only
+  0-dimensional arrays can be converted to Python scalars``); 3.7 on take its one element.
+  :func:`fix_scalar_index` does as 3.7.
 
 Each is installed only where a probe of this process's interpreter shows the failure (the
-mask fix on 3.9, the argument fix on 3.6 and 3.7), so that an interpreter that runs the
+mask fix on 3.9, the argument fix on 3.6 and 3.7, the index fix on 3.6 with numpy 2.4), so that an interpreter that runs the
 kernel is left as it is. One difference is not patched: Triton 3.9 removed block pointers
 (``tl.make_block_ptr`` raises, ``tl.advance`` is gone) from the language, on a GPU as in the
 interpreter, so a kernel that uses them is not valid on 3.9; the interpreter fails it with
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 MASK_FIX = "masks broadcast from a scalar comparison"
 ARGUMENT_FIX = "bool arguments"
+INDEX_FIX = "scalars as loop bounds under numpy >= 2.4"
 
 
 def _interpreter():
@@ -69,6 +75,54 @@ def rejects_bool_arguments() -> bool:
     except ValueError:
         return True
     return False
+
+
+def rejects_scalar_index() -> bool:
+    """Whether this interpreter's scalars refuse to be a loop bound or an index (Triton 3.6's
+    under numpy 2.4), tried on a stand-in class so that ``tl.tensor`` is left alone."""
+    interpreter = _interpreter()
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    handle = getattr(interpreter, "TensorHandle", None)
+    if None in (patch, scope_type, handle):
+        return False
+    import operator
+
+    import numpy as np
+    import triton.language as tl
+
+    patch = getattr(patch, "fla_original", patch)  # Triton's own, fixed or not
+    stand_in = type("ScalarStandIn", (), {})
+    patch(stand_in, scope_type())
+    scalar = stand_in()
+    scalar.handle = handle(np.array([3], dtype=np.int32), tl.int32)
+    try:
+        operator.index(scalar)
+    except TypeError:
+        return True
+    return False
+
+
+def fix_scalar_index() -> bool:
+    """Make the interpreter's scalars give their one element as an index (idempotent); False
+    where its shape is not the one this was written for."""
+    interpreter = _interpreter()
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return False
+    if getattr(original, "fla_scalar_index", False):
+        return True
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        # after Triton's own, so that the scope puts Triton's back first, then the original
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor.fla_scalar_index = True
+    patch_lang_tensor.fla_original = original
+    # a module global: each launch's patching of triton.language looks it up
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
 
 
 def fix_int1_splats() -> bool:
@@ -128,11 +182,12 @@ def needed() -> list[str]:
         import numpy  # noqa: F401  (the probes')
     except ImportError:
         return []
-    return [name for name, probe in ((MASK_FIX, rejects_integer_masks), (ARGUMENT_FIX, rejects_bool_arguments))
-            if probe()]
+    probes = ((MASK_FIX, rejects_integer_masks), (ARGUMENT_FIX, rejects_bool_arguments),
+              (INDEX_FIX, rejects_scalar_index))
+    return [name for name, probe in probes if probe()]
 
 
 def install() -> list[str]:
     """Install the fixes this interpreter needs; the names of those installed."""
-    fixes = {MASK_FIX: fix_int1_splats, ARGUMENT_FIX: fix_bool_arguments}
+    fixes = {MASK_FIX: fix_int1_splats, ARGUMENT_FIX: fix_bool_arguments, INDEX_FIX: fix_scalar_index}
     return [name for name in needed() if fixes[name]()]

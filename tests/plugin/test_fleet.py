@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from plugin_testing import GPU, needs_kernel_interpreter, run
+from plugin_testing import GPU, run
 
 from pytest_fla import report
 from pytest_fla.running import fleet
@@ -386,7 +386,6 @@ def test_a_host_that_goes_down_before_the_tests_start_fails_the_run(pytester):
                                  "xdist stopped the run"])
 
 
-@needs_kernel_interpreter  # its stand-in hosts run l2norm's kernels under the interpreter
 def test_the_ci_job_drives_the_hosts_it_is_given(tmp_path):
     """ci/fleet_job.sh as ci/fleet_workflow.yml runs it, given popen gateways standing in for
     the ssh hosts, on a small selection of this repository's suite."""
