@@ -187,10 +187,11 @@ def main(argv=None) -> int:
     defaults = GPU_DIMS if device == "cuda" else CPU_DIMS
     dims = {d: getattr(args, d) if getattr(args, d) is not None else defaults[d] for d in GPU_DIMS}
     if device == "cpu":
-        from pytest_fla.targets import interpreter, interpreter_bf16, interpreter_exp
+        from pytest_fla.targets import interpreter, interpreter_bf16, interpreter_exp, interpreter_versions
 
         interpreter.skip_repeated_patching()
         interpreter_exp.install()
+        interpreter_versions.install()
         emulated = interpreter_bf16.install()
         if not emulated:
             print("note: this Triton's interpreter could not be patched: its bf16 products are its own")

@@ -35,7 +35,7 @@ from .ops import registry
 from .report import time_split
 from .running import distribute, fleet, gpu_memory
 from .running.devices import is_interpreter
-from .targets import interpreter, interpreter_autotune, interpreter_exp, toolchain
+from .targets import interpreter, interpreter_autotune, interpreter_exp, interpreter_versions, toolchain
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
     device_mismatch,
@@ -279,6 +279,7 @@ def pytest_configure(config):
         interpreter.skip_repeated_patching()
         interpreter_exp.install()
         interpreter_autotune.install()
+        interpreter_versions.install()
         interpreter_memcheck.install()
         if config.option.fla_bf16_emulated:
             from .targets import interpreter_bf16
@@ -343,6 +344,11 @@ def pytest_report_header(config):
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_exp.supported():
         lines.append("fla interpreter exp: float32 tl.exp as a GPU computes it, exp2 of x * log2(e) rounded to "
                      "float32 (pytest_fla/targets/interpreter_exp.py)")
+    fixes = interpreter_versions.needed() if any(t.mode == targets.INTERPRETER for t in state.targets) else []
+    if fixes:
+        lines.append(f"fla interpreter versions: patched to run kernels with {' and '.join(fixes)}, which this "
+                     "Triton's interpreter fails and the others in the range run "
+                     "(pytest_fla/targets/interpreter_versions.py)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():
         lines.append("fla interpreter memcheck: every load, store and atomic checked against its launch's tensor "
                      "arguments, every store against its program's unordered earlier ones of other values "

@@ -8,12 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from plugin_testing import needs_kernel_interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@needs_kernel_interpreter  # the selection runs l2norm's kernels under the interpreter
 def test_the_cpu_job_checks_bf16_and_runs_the_example(tmp_path):
     env = dict(os.environ, FLA_SELECT="--fla-ops=l2norm", PYTHONPATH=str(ROOT))
     if (ROOT / ".venv" / "bin" / "python").exists():

@@ -8,6 +8,7 @@ real GPUs, one gateway pinned to each: ``test_two_gpus_two_gateways``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import stat
@@ -16,7 +17,7 @@ import textwrap
 
 import pytest
 
-from plugin_testing import GPU, needs_kernel_interpreter, run
+from plugin_testing import GPU, run
 
 from pytest_fla import report
 from pytest_fla.running import fleet
@@ -224,7 +225,9 @@ def test_hosts_on_other_versions_stop_the_run_before_any_test(pytester, tmp_path
     result = run(pytester, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
-    assert "the hosts run different versions" in err and "Triton: 3.6" in err and "3.99.0 on " in err, err
+    # the first host runs this process's Triton, whichever of the range it is
+    here = importlib.metadata.version("triton")
+    assert "the hosts run different versions" in err and f"Triton: {here} on " in err and "3.99.0 on " in err, err
     assert "--fla-fleet-mixed-versions" in err
     assert "test session starts" not in result.stdout.str()
     allowed = run(pytester, *args, "--fla-fleet-mixed-versions")
@@ -383,7 +386,6 @@ def test_a_host_that_goes_down_before_the_tests_start_fails_the_run(pytester):
                                  "xdist stopped the run"])
 
 
-@needs_kernel_interpreter  # its stand-in hosts run l2norm's kernels under the interpreter
 def test_the_ci_job_drives_the_hosts_it_is_given(tmp_path):
     """ci/fleet_job.sh as ci/fleet_workflow.yml runs it, given popen gateways standing in for
     the ssh hosts, on a small selection of this repository's suite."""

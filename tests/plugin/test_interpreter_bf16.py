@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import torch
 
-from plugin_testing import cpu_only, needs_kernel_interpreter, run
+from plugin_testing import cpu_only, run
 from test_external_specs import project
 from pytest_fla.targets import interpreter_bf16
 
@@ -101,7 +101,6 @@ def test_the_patched_interpreter_truncates_one_pass_tf32_operands_as_tensor_core
     assert one_pass < 1e-5 and three_pass < 1e-5 and ieee < 1e-5  # float32 accumulation only
 
 
-@needs_kernel_interpreter
 def test_peer_accuracy_measures_ours_on_the_cpu(tmp_path):
     """Without a GPU the comparison runs ours alone, the peer column n/a; a correct
     chunked kernel lands within its bf16 budget, and far from the error of an unpatched
