@@ -28,9 +28,10 @@ Each is installed only where a probe of this process's interpreter shows the fai
 mask fix on 3.9, the argument fix on 3.6 and 3.7, the index fix on 3.6 with numpy 2.4), so
 that an interpreter that runs the kernel is left as it is. One difference is not patched:
 Triton 3.9 removed block pointers (``tl.make_block_ptr`` raises, ``tl.advance`` is gone)
-from the language, on a GPU as in the interpreter, so a kernel that uses them is not valid on 3.9; the interpreter fails it with
-Triton's own plain message, "Block pointers have been removed in favor of the tensor
-descriptor API". Passing it in the interpreter would hide a kernel that cannot compile.
+from the language, on a GPU as in the interpreter, so a kernel that uses them is not valid
+on 3.9; the interpreter fails it with Triton's own plain message, "Block pointers have been
+removed in favor of the tensor descriptor API". Passing it in the interpreter would hide a
+kernel that cannot compile.
 """
 
 from __future__ import annotations
