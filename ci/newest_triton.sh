@@ -45,6 +45,9 @@
 # and fp32) took 575 s for these three archs without chunk_kda and chunk_dplr_delta_rule;
 # with them, each kernel once per dtype took 385 s, once in bf16 130 s. The matrix
 # (ci/workflow.yml) compiles every launch in both dtypes for every arch on every Triton.
+#
+# One run on two cores (a shared machine, Triton 3.9.0): setup 31 s, the plugin's tests 48 s
+# (81 passed), the conformance sample 28 s (87), the compile-only checks 151 s (102); 258 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRITON=${FLA_NEWEST_TRITON:-3.9.0}

@@ -2,9 +2,9 @@
 on each.
 
 A kernel's run under ``TRITON_INTERPRET=1`` must not depend on which Triton of the range
-(``pyproject.toml``: 3.6 to 3.9) is installed. Two of a user's ordinary kernels failed on
-some of them, before or at their first load (``tests/plugin/test_interpreter_versions.py``
-runs each on every Triton):
+(``pyproject.toml``: 3.6 to 3.9) is installed. Three kinds of a user's ordinary kernel
+failed on some of them (``tests/plugin/test_interpreter_versions.py`` runs each on every
+Triton):
 
 * **A block mask and'ed with a scalar comparison** (``(cols < 3) & (pid > tl.load(cu))``),
   or a scalar mask on a block of pointers. The interpreter keeps a comparison's numpy bools
@@ -20,16 +20,18 @@ runs each on every Triton):
 * **A scalar as a loop bound or an index** (``for i in range(tl.cdiv(T, BT).to(tl.int32))``)
   under numpy 2.4 or later (the plugin's requirement is any numpy). Triton 3.6 converts the
   scalar with ``int()`` of its one-element array, which numpy 2.4 refuses (``only
-  0-dimensional arrays can be converted to Python scalars``); 3.7 on take its one element.
+  0-dimensional arrays can be converted to Python scalars``); 3.7 and later take its one
+  element.
   :func:`fix_scalar_index` does as 3.7.
 
 Each is installed only where a probe of this process's interpreter shows the failure (the
-mask fix on 3.9, the argument fix on 3.6 and 3.7, the index fix on 3.6 with numpy 2.4), so that an interpreter that runs the
-kernel is left as it is. One difference is not patched: Triton 3.9 removed block pointers
-(``tl.make_block_ptr`` raises, ``tl.advance`` is gone) from the language, on a GPU as in the
-interpreter, so a kernel that uses them is not valid on 3.9; the interpreter fails it with
-Triton's own plain message, "Block pointers have been removed in favor of the tensor
-descriptor API". Passing it in the interpreter would hide a kernel that cannot compile.
+mask fix on 3.9, the argument fix on 3.6 and 3.7, the index fix on 3.6 with numpy 2.4), so
+that an interpreter that runs the kernel is left as it is. One difference is not patched:
+Triton 3.9 removed block pointers (``tl.make_block_ptr`` raises, ``tl.advance`` is gone)
+from the language, on a GPU as in the interpreter, so a kernel that uses them is not valid
+on 3.9; the interpreter fails it with Triton's own plain message, "Block pointers have been
+removed in favor of the tensor descriptor API". Passing it in the interpreter would hide a
+kernel that cannot compile.
 """
 
 from __future__ import annotations
