@@ -36,6 +36,7 @@ import pytest
 
 from .. import sanitizer, targets
 from ..sanitizer import reruns
+from ..running.devices import is_interpreter
 from ..running.isolation import device_fault
 
 HEADER_RE = re.compile(r"^#\s*([a-z][a-z0-9-]*)\s*:\s*(.*?)\s*$")
@@ -211,6 +212,14 @@ def run_repro(path: str, expect: str) -> int:
         return 2
     import runpy
 
+    if is_interpreter():
+        # what makes a valid kernel run under the interpreter, as in the suite's processes:
+        # an autotuned kernel's first config, the fixes of each Triton's interpreter, a GPU's exp
+        from ..targets import interpreter_autotune, interpreter_exp, interpreter_versions
+
+        interpreter_exp.install()
+        interpreter_autotune.install()
+        interpreter_versions.install()
     sys.path.insert(0, str(Path(path).parent))
     try:
         runpy.run_path(path, run_name="__main__")
