@@ -32,7 +32,7 @@ from .sanitizer import interpreter as interpreter_memcheck
 from .checks import compile_per_arch, poison
 from .collection import projects, quick
 from .ops import registry
-from .report import time_split
+from .report import time_split, verdicts
 from .running import distribute, fleet, gpu_memory
 from .running.devices import is_interpreter
 from .targets import interpreter, interpreter_autotune, interpreter_exp, interpreter_versions, toolchain
@@ -138,6 +138,13 @@ def pytest_addoption(parser):
         "device fault or a crash fails only its own test (default: none; batch under --fla-sanitizer)",
     )
     group.addoption("--fla-report", default=None, metavar="PATH", help="write the ops x checks report as JSON")
+    group.addoption(
+        "--fla-repro-dir",
+        default=None,
+        metavar="DIR",
+        help="a forward or backward check that finds a defect is run again at smaller dims, each as small as "
+        "still fails, and written to DIR as a reproducer (pytest_fla/repro/shrink.py)",
+    )
     group.addoption(
         "--fla-durations",
         default=None,
@@ -594,6 +601,12 @@ def pytest_runtest_makereport(item, call):
     result = yield
     run_report.annotate(item, result)
     run_report.classify(item, call, result)
+    if result.failed and call.when == "call" and dict(result.user_properties).get(verdicts.PROPERTY) == verdicts.DEFECT:
+        from .repro import shrink
+
+        saved = shrink.save(item, run_report.outcome_reason(result) or "")
+        if saved is not None:
+            result.sections.append(("fla reproducer", f"the smallest failing call, written to {saved}"))
     return result
 
 

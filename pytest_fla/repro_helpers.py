@@ -3,3 +3,4 @@
 :mod:`pytest_fla.repro.session`; this module only keeps that import path."""
 
 from .repro.session import other_device, session_device, target_arch  # noqa: F401
+from .repro.shrink import rerun_check  # noqa: F401

@@ -6,6 +6,7 @@ each kind runs through the plugin, and its report must class each failure as tha
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -59,6 +60,14 @@ def head_reads_one_past(x, length=None):
     n = x.numel() if length is None else length
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     _copy_reading_one_past[(triton.cdiv(n, 64),)](x, y, n, BLOCK=64)
+    return y
+
+
+def head_wrong_at_17(x, length=None):
+    """The planted defect: element 17 of the output is off (only where there is one)."""
+    y = head(x, length).clone()
+    if y.numel() > 17:
+        y[17] += 1.0
     return y
 
 
@@ -146,6 +155,30 @@ def test_a_compute_sanitizer_report_is_a_defect(pytester):
     forward = [t for t in tests if t["check"] == "forward" and t["outcome"] == "failed"]
     assert forward, [(t["nodeid"], t["outcome"]) for t in tests]
     assert all(t["verdict"] == "defect" for t in forward), [(t["verdict"], t["reason"]) for t in forward]
+
+
+@cpu_only
+def test_a_defect_is_saved_as_its_smallest_failing_call(pytester, monkeypatch):
+    """--fla-repro-dir: the failing forward check is shrunk over its dims (B, T, D lowered
+    while it still fails) and written as a reproducer, which fails while the defect is there
+    and passes once the op is fixed."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    conftest = CONFTEST.replace('CASES = (Case("small", {"B": 1, "T": 4, "D": 8}),)',
+                                'CASES = (Case("small", {"B": 3, "T": 12, "D": 8}),)').replace(
+        'for name in ("head", "head_unchecked", "head_lenient", "head_forward_only", "head_wrong")',
+        'for name in ("head_wrong_at_17",)')
+    pytester.makepyfile(toy_ops=OPS, conftest=conftest, test_conformance=TESTS)
+    run(pytester, "-k", "test_forward and fp32", "--fla-repro-dir=tests/repro").assert_outcomes(failed=1)
+    saved = pytester.path / "tests" / "repro" / "head_wrong_at_17_forward_fp32_small.py"
+    text = saved.read_text()
+    dims = eval(text.split("dims=")[1].split(", dist=")[0])  # noqa: S307 - the file this test's run wrote
+    assert dims["B"] == 1 and 18 <= dims["B"] * dims["T"] * dims["D"] < 3 * 12 * 8, dims  # element 17 must exist
+    assert "# expect: pass" in text and "# op: head_wrong_at_17" in text
+    failing = pytester.run(sys.executable, "-m", "pytest_fla", "run-repro", str(saved), "--expect", "pass")
+    assert failing.ret == 1 and "relative RMS error" in failing.stdout.str() + failing.stderr.str()
+    fixed = pytester.path / "toy_ops.py"
+    fixed.write_text(fixed.read_text().replace("y[17] += 1.0", "pass"))
+    assert pytester.run(sys.executable, "-m", "pytest_fla", "run-repro", str(saved), "--expect", "pass").ret == 0
 
 
 class _Info:
