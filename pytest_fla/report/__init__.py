@@ -184,7 +184,7 @@ class RunReport:
                 record.reason = outcome_reason(report)
                 record.verdict = props.get(verdicts.PROPERTY)
                 record.verdict_why = props.get(verdicts.WHY_PROPERTY)
-                if record.verdict is None:  # a report made where no exception was at hand
+                if record.verdict is None and record.op is not None:  # a report made where no exception was at hand
                     record.verdict, record.verdict_why = verdicts.from_message(record.reason) or (None, None)
             record.outcome = "failed"
         elif report.skipped and record.outcome != "failed":

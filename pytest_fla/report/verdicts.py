@@ -149,7 +149,7 @@ def counts(records) -> dict:
     """verdict -> number of failed records carrying it (failed records without one: ``unclassed``)."""
     out: dict = {}
     for record in records:
-        if record.outcome == "failed":
+        if record.outcome == "failed" and record.op is not None:  # only an op's checks say something of a library
             key = record.verdict or "unclassed"
             out[key] = out.get(key, 0) + 1
     return out

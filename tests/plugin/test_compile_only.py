@@ -59,7 +59,8 @@ def test_shared_memory_overflow_fails_sm86_only(project):
     assert outcomes[("copy", "forward", "interpreter")] == "passed"
     assert outcomes[("copy", "forward", "sm90")] == "skipped"
     assert ("hungry_matmul", "compile", "interpreter") not in outcomes  # runs in its arch's worker only
-    assert report["matrix"]["sm86"]["hungry_matmul"]["compile"] == {"passed": 0, "failed": 1, "skipped": 0}
+    assert report["matrix"]["sm86"]["hungry_matmul"]["compile"] == {"passed": 0, "failed": 1, "skipped": 0,
+                                                                 "verdicts": {"defect": 1}}
     assert all(t["duration"] >= 0 for t in report["tests"])
     reasons = {(t["op"], t["check"], t["arch"]): t["reason"] for t in report["tests"]}
     assert "needs 131072 bytes of shared memory" in reasons[("hungry_matmul", "compile", "sm86")]

@@ -262,7 +262,7 @@ def test_a_host_that_goes_down_loses_only_its_own_tests(pytester):
     host1, host2 = (h["name"] for h in data["hosts"])
     assert data["matrix"]["sm80"]["opa"]["forward"] == {"passed": 4, "failed": 0, "skipped": 0, "hosts": [host1]}
     assert data["matrix"]["sm90"]["opa"]["forward"] == {"passed": 1, "failed": 1, "skipped": 0, "lost": 2,
-                                                        "hosts": [host2]}
+                                                        "hosts": [host2], "verdicts": {"defect": 1}}
     outcome = {t["nodeid"].split("[")[1][0]: (t["outcome"], t["reason"]) for t in data["tests"] if t["arch"] == "sm90"}
     assert outcome["1"][0] == "failed" and "crashed while running" in outcome["1"][1]
     assert [outcome[i][0] for i in "23"] == ["lost", "lost"]
@@ -289,7 +289,8 @@ def test_isolation_runs_in_the_remote_workers_children(pytester):
     data = json.loads((pytester.path / "report.json").read_text())
     host1, host2 = (h["name"] for h in data["hosts"])
     assert data["matrix"]["sm80"]["opa"]["forward"] == {"passed": 2, "failed": 0, "skipped": 0, "hosts": [host1]}
-    assert data["matrix"]["sm90"]["opa"]["forward"] == {"passed": 1, "failed": 1, "skipped": 0, "hosts": [host2]}
+    assert data["matrix"]["sm90"]["opa"]["forward"] == {"passed": 1, "failed": 1, "skipped": 0, "hosts": [host2],
+                                                        "verdicts": {"defect": 1}}
     failed = next(t for t in data["tests"] if t["outcome"] == "failed")
     assert "exited with code 3" in failed["reason"] and failed["process_seconds"] is not None
     assert "crashed" not in result.stdout.str()  # the worker itself did not

@@ -139,7 +139,10 @@ def test_the_interpreter_still_warns_outside_the_filter():
 
 def test_the_same_deprecation_from_elsewhere_still_shows():
     import numpy as np
-    int(np.array([3]))
+    try:
+        int(np.array([3]))
+    except TypeError:  # numpy >= 2.4: the deprecation became an error
+        pytest.skip("this numpy raises instead of warning: nothing for the filter to hide")
 '''
 
 
