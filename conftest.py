@@ -26,9 +26,13 @@ def pytest_fla_specs(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    # fla-core allocates with torch.empty: poison torch's allocators for its run (this
-    # repo's own kernels read kernels._utils.POISON_ALLOCATIONS, the ini's setting)
+    # fla-core allocates with torch.empty and has none of the switches this repo's kernels
+    # offer (the ini's settings, pyproject.toml): torch's allocators for its run, no flags
     if config.getoption("fla_impl") == "fla":
-        from pytest_fla.checks import poison
+        from pytest_fla.checks import poison, switches
 
         poison.configure(["torch"])
+        switches.configure(switches.ZERO_ALLOCATIONS, ["torch"])
+        switches.configure(switches.CAPTURING_LAUNCHES, [])
+        switches.configure(switches.CLEAR_CACHES, [])
+        switches.configure(switches.THROUGH_CUSTOM_OPS, [])

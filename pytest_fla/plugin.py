@@ -29,7 +29,7 @@ import pytest
 from . import report as run_report
 from . import repro, sanitizer, targets
 from .sanitizer import interpreter as interpreter_memcheck
-from .checks import compile_per_arch, poison
+from .checks import compile_per_arch, poison, switches
 from .collection import projects, quick
 from .ops import registry
 from .report import time_split
@@ -182,6 +182,8 @@ def pytest_addoption(parser):
         help="allocations poisoned with NaN during op tests: `torch` (torch.empty and friends, the default) "
         "or `package.module:FLAG` flags the library's allocation helper reads",
     )
+    for ini, (default, _, _) in switches.OPTIONS.items():
+        parser.addini(ini, type="linelist", default=list(default), help=switches.HELP[ini])
     group.addoption("--fla-child", default=None, help=argparse.SUPPRESS)
 
 
@@ -252,6 +254,7 @@ def pytest_configure(config):
                             "the tool (unless --fla-sanitizer-all-tests)")
     try:
         poison.configure(config.getini(poison.INI))
+        switches.configure_from(config)
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     compile_per_arch.scope_and_dtypes(config)  # a usage error before any test

@@ -1,9 +1,12 @@
 """The layers import downwards only: the kernel library (``kernels/``) and the float64
-references (``reference/``) import nothing from the plugin that tests them."""
+references (``reference/``) import nothing from the plugin that tests them, and the plugin
+nothing from them (it reaches a library only through the specs it is handed and the
+switches its ini names, ``docs/plugin-api.md``)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,76 @@ def plugin_imports(package: str) -> list[str]:
 def test_the_library_imports_nothing_from_the_plugin(package):
     found = plugin_imports(package)
     assert not found, f"{package}/ imports the test plugin:\n" + "\n".join(found)
+
+
+LIBRARY = ("kernels", "reference")
+# a dotted name or a path into one of LIBRARY, in a string the code uses (not in prose:
+# docstrings are left out): "kernels._utils", f"kernels.{name}", "kernels/arch_table.py"
+LIBRARY_NAME = re.compile(r"(?<![\w.])(?:kernels|reference)(?:\.[A-Za-z_{]|/)")
+# calls that import a module named by a string
+IMPORTERS = ("import_module", "__import__", "find_spec", "spec_from_file_location")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _is_library(module: str) -> bool:
+    return module.split(".")[0] in LIBRARY
+
+
+def library_reaches(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` of every way ``source`` reaches this repo's library: an import
+    statement, a call importing a module by name, a string naming one of its modules or
+    files."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    found = [(line, f"import {module}") for line, module in imported_modules(source) if _is_library(module)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            target = node.args[0].value
+            if name in IMPORTERS and isinstance(target, str) and _is_library(target):
+                found.append((node.lineno, f"{name}({target!r})"))
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+            if LIBRARY_NAME.search(text):
+                found.append((node.lineno, f"f{text!r}"))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+              and LIBRARY_NAME.search(node.value)):
+            found.append((node.lineno, repr(node.value)))
+    return sorted(set(found))
+
+
+# this repo's op specs, which name its kernels by design, until they move beside the plugin
+NOT_SCANNED = ("pytest_fla/specs/",)
+
+
+def test_the_plugin_reaches_nothing_of_the_library():
+    found = [f"{path.relative_to(ROOT)}:{line}: {what}"
+             for path in sorted((ROOT / PLUGIN).rglob("*.py"))
+             if not str(path.relative_to(ROOT)).startswith(NOT_SCANNED)
+             for line, what in library_reaches(path.read_text())]
+    assert not found, "pytest_fla/ reaches into kernels/ or reference/:\n" + "\n".join(found)
+
+
+def test_the_library_scan_sees_every_form_of_reach():
+    source = (
+        '"""The docstring may say kernels._utils."""\n'
+        "import kernels\nfrom reference.attention import attention\n"
+        "def f(name):\n    import kernels._arch\n    return f'kernels.{name}'\n"
+        "importlib.import_module('kernels')\nimportlib.util.find_spec('reference')\n"
+        "PATH = 'kernels/arch_table.py'\nFLAG = 'kernels._utils:POISON_ALLOCATIONS'\n"
+        "SCOPES = ('launches', 'kernels')\nimport kernelsx\nWORDS = 'the float64 reference. Then'\n"
+    )
+    lines = [line for line, _ in library_reaches(source)]
+    assert lines == [2, 3, 5, 6, 7, 8, 9, 10]
 
 
 def test_the_scan_sees_every_form_of_import():
