@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from triton.runtime.jit import KernelInterface  # noqa: E402
 
 from pytest_fla.checks.generic import differentiable  # noqa: E402
-from pytest_fla.specs import all_specs  # noqa: E402
+from specs import all_specs  # noqa: E402
 
 import host_timing  # noqa: E402  (beside this file)
 

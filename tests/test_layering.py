@@ -1,6 +1,6 @@
 """The layers import downwards only: the kernel library (``kernels/``) and the float64
 references (``reference/``) import nothing from the plugin that tests them, and the plugin
-nothing from them (it reaches a library only through the specs it is handed and the
+nothing from them or from this repo's specs (``specs/``) (it reaches a library only through the specs it is handed and the
 switches its ini names, ``docs/plugin-api.md``)."""
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def test_the_library_imports_nothing_from_the_plugin(package):
     assert not found, f"{package}/ imports the test plugin:\n" + "\n".join(found)
 
 
-LIBRARY = ("kernels", "reference")
+LIBRARY = ("kernels", "reference", "specs")
 # a dotted name or a path into one of LIBRARY, in a string the code uses (not in prose:
 # docstrings are left out): "kernels._utils", f"kernels.{name}", "kernels/arch_table.py"
-LIBRARY_NAME = re.compile(r"(?<![\w.])(?:kernels|reference)(?:\.[A-Za-z_{]|/)")
+LIBRARY_NAME = re.compile(r"(?<![\w.])(?:kernels|reference|specs)(?:\.[A-Za-z_{]|/)")
 # calls that import a module named by a string
 IMPORTERS = ("import_module", "__import__", "find_spec", "spec_from_file_location")
 
@@ -85,14 +85,9 @@ def library_reaches(source: str) -> list[tuple[int, str]]:
     return sorted(set(found))
 
 
-# this repo's op specs, which name its kernels by design, until they move beside the plugin
-NOT_SCANNED = ("pytest_fla/specs/",)
-
-
 def test_the_plugin_reaches_nothing_of_the_library():
     found = [f"{path.relative_to(ROOT)}:{line}: {what}"
              for path in sorted((ROOT / PLUGIN).rglob("*.py"))
-             if not str(path.relative_to(ROOT)).startswith(NOT_SCANNED)
              for line, what in library_reaches(path.read_text())]
     assert not found, "pytest_fla/ reaches into kernels/ or reference/:\n" + "\n".join(found)
 
@@ -108,6 +103,39 @@ def test_the_library_scan_sees_every_form_of_reach():
     )
     lines = [line for line, _ in library_reaches(source)]
     assert lines == [2, 3, 5, 6, 7, 8, 9, 10]
+
+
+# what this repo's specs (``specs/``) may import of the plugin: its stable API, as another
+# repository's specs do
+PUBLIC_API = (f"{PLUGIN}.api",)
+
+
+def plugin_modules_named(source: str) -> list[tuple[int, str]]:
+    """``(line, module)`` of every plugin module ``source`` imports; ``from pytest_fla
+    import x`` names ``pytest_fla.x``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == PLUGIN:
+            found += [(node.lineno, f"{PLUGIN}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(PLUGIN + "."):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == PLUGIN]
+    return found
+
+
+def test_the_specs_use_the_plugin_through_its_stable_api_only():
+    found = [f"{path.relative_to(ROOT)}:{line}: {module}"
+             for path in sorted((ROOT / "specs").rglob("*.py"))
+             for line, module in plugin_modules_named(path.read_text())
+             if module not in PUBLIC_API]
+    assert not found, "specs/ imports the plugin past pytest_fla.api:\n" + "\n".join(found)
+
+
+def test_the_api_scan_sees_a_module_imported_from_the_package():
+    source = "from pytest_fla import api, targets\nfrom pytest_fla.api import Arg\nimport pytest_fla.ops.spec\n"
+    assert [m for _, m in plugin_modules_named(source) if m not in PUBLIC_API] == ["pytest_fla.targets",
+                                                                                   "pytest_fla.ops.spec"]
 
 
 def test_the_scan_sees_every_form_of_import():
@@ -131,7 +159,6 @@ PLUGIN_LAYERS = (
     ("sanitizer",),    # compute-sanitizer: its command and reports, the tests re-run under it
     ("repro",),        # bug reports as tests
     ("api", "mutation"),  # the stable API for spec modules; mutation testing of the checks
-    ("specs",),        # this repository's op specs (through the API, like any repository's)
 )
 ENTRY_MODULES = ("plugin", "fixtures", "hookspec", "__main__", "conformance", "compile_check", "repro_helpers")
 

@@ -18,12 +18,18 @@ library names.
 
 A ``FLAG`` is a module-level boolean the library reads on every call; the plugin sets it
 True inside the block and restores it after.
+
+The session's switches reach the processes it starts outside pytest (a reproducer runs as a
+plain script) through ``FLA_LIBRARY_SWITCHES``; a script of the library's own that captures
+launches without a session reads them from its ``pyproject.toml`` (``configure_from_pyproject``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
+import os
 import sys
 
 TORCH = "torch"
@@ -50,7 +56,11 @@ HELP = {
     "reaches (for a library whose eager path skips the dispatcher)",
 }
 
+ENV = "FLA_LIBRARY_SWITCHES"
+
 _configured: dict[str, tuple[str, ...]] = {name: default for name, (default, _, _) in OPTIONS.items()}
+_configured.update({name: tuple(value) for name, value in json.loads(os.environ.get(ENV) or "{}").items()
+                    if name in OPTIONS})
 
 
 def parse(ini: str, entries, torch_allowed: bool, names: str = "FLAG") -> tuple[str, ...]:
@@ -72,8 +82,27 @@ def configure(ini: str, entries) -> None:
 
 
 def configure_from(config) -> None:
+    """The session's switches, from its ini; handed on to the processes it starts."""
     for ini in OPTIONS:
         configure(ini, config.getini(ini))
+    export()
+
+
+def export() -> None:
+    """Hand the switches configured now to the processes this one starts."""
+    os.environ[ENV] = json.dumps(_configured)
+
+
+def configure_from_pyproject(path) -> None:
+    """The switches a ``pyproject.toml``'s ``[tool.pytest.ini_options]`` names, for a
+    script that runs a check's machinery without a pytest session."""
+    import tomllib
+
+    with open(path, "rb") as file:
+        options = tomllib.load(file).get("tool", {}).get("pytest", {}).get("ini_options", {})
+    for ini in OPTIONS:
+        if ini in options:
+            configure(ini, options[ini])
 
 
 def entries(ini: str) -> tuple[str, ...]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from .. import api
-from ..api import *  # noqa: F401,F403 - the spec API, for `from .common import ...`
-from ..api import Arg, ErrorInput, chain_errors, linear_attention_errors
+from pytest_fla import api
+from pytest_fla.api import *  # noqa: F401,F403 - the spec API, for `from .common import ...`
+from pytest_fla.api import Arg, ErrorInput, chain_errors, linear_attention_errors
 
 # this repo's q/k/v recurrences: kernels.<name>, checked against reference.<family>
 linear_attention_spec = functools.partial(api.linear_attention_spec, op_package="kernels", reference_package="reference")
