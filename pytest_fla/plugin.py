@@ -259,7 +259,8 @@ def pytest_configure(config):
         raise pytest.UsageError(str(error)) from None
     compile_per_arch.scope_and_dtypes(config)  # a usage error before any test
     role = _role(config)
-    state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
+    config.stash[targets.RUN_TARGET] = targets.current_target()  # set by the coordinator before torch's import
+    state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.run_target(config))
     if config.option.fla_sanitizer and role != "child":
         try:
             state.tools = sanitizer.parse_tools(config.option.fla_sanitizer)

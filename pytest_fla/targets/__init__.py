@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 
 from .arch_table import ALL_ARCHS, SHARED_MEMORY_LIMIT, arch_name
 from .arch_table import parse_known_arch as parse_arch
@@ -101,7 +103,7 @@ def resolve_targets(spec: str, gpu: Gpu | None) -> list[Target]:
     Without a GPU the numeric checks still run once, under the interpreter, beside
     the compile-only targets.
     """
-    words = [w.strip().lower() for w in spec.split(",") if w.strip()]
+    words = arch_words(spec)
     archs: list[int] = []
     native = False
     for word in words:
@@ -132,9 +134,25 @@ def decode_target(text: str) -> Target:
 
 
 def current_target() -> Target | None:
-    """The target this process runs, as its coordinator set it (None outside a run)."""
+    """The target this process runs, as its coordinator set it in the environment (None
+    outside a run): for what runs before the session is configured (a worker's setup,
+    before torch is imported) or outside one (a reproducer). Elsewhere ``run_target``."""
     text = os.environ.get(RUN_TARGET_ENV)
     return decode_target(text) if text else None
+
+
+# the run's state holds this process's target from its configure on (plugin.py)
+RUN_TARGET = pytest.StashKey["Target | None"]()
+
+
+def run_target(config) -> Target | None:
+    """The target this process runs tests under, from the run's state."""
+    return config.stash.get(RUN_TARGET, None)
+
+
+def arch_words(option: str) -> list[str]:
+    """``--fla-arch``'s words, lower case, in order: the one place the option is split."""
+    return [word.strip().lower() for word in option.split(",") if word.strip()]
 
 
 def triton_cache_dir(target: Target) -> str:

@@ -256,3 +256,11 @@ def test_small_shapes_reach_every_process(pytester, how):
     result.stdout.fnmatch_lines(["*fla shapes: every case at its small dims on a GPU too*"])
     without = run(pytester, *how)
     without.assert_outcomes(failed=1)
+
+
+def test_the_arch_option_is_split_in_one_place():
+    from pytest_fla.running import fleet
+
+    assert targets.arch_words(" SM80, ,all ,fleet") == ["sm80", "all", "fleet"]
+    assert fleet.requested("sm80, FLEET") and not fleet.requested("sm80,fleetx")
+    assert fleet.extra_archs("fleet, sm86,,native") == [86]
