@@ -3,7 +3,7 @@
 (``docs/plugin-api.md``).
 
 ``--fla-impl`` picks whose kernels the specs call: ``kernels`` (this repo's, the
-default) or ``fla`` (the peer library, fla-core: ``pytest_fla/specs/peer.py``).
+default) or ``fla`` (the peer library, fla-core: ``specs/peer.py``).
 """
 
 import pytest
@@ -14,11 +14,11 @@ IMPLEMENTATIONS = ("kernels", "fla")
 def pytest_fla_specs(config):
     impl = config.getoption("fla_impl") or "kernels"
     if impl == "kernels":
-        from pytest_fla.specs import all_specs
+        from specs import all_specs
 
         return all_specs()
     if impl == "fla":
-        from pytest_fla.specs.peer import peer_specs
+        from specs.peer import peer_specs
 
         return peer_specs()
     raise pytest.UsageError(f"--fla-impl={impl}: this repository checks {' or '.join(IMPLEMENTATIONS)}")
@@ -26,9 +26,14 @@ def pytest_fla_specs(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    # fla-core allocates with torch.empty: poison torch's allocators for its run (this
-    # repo's own kernels read kernels._utils.POISON_ALLOCATIONS, the ini's setting)
+    # fla-core allocates with torch.empty and has none of the switches this repo's kernels
+    # offer (the ini's settings, pyproject.toml): torch's allocators for its run, no flags
     if config.getoption("fla_impl") == "fla":
-        from pytest_fla.checks import poison
+        from pytest_fla.checks import poison, switches
 
         poison.configure(["torch"])
+        switches.configure(switches.ZERO_ALLOCATIONS, ["torch"])
+        switches.configure(switches.CAPTURING_LAUNCHES, [])
+        switches.configure(switches.CLEAR_CACHES, [])
+        switches.configure(switches.THROUGH_CUSTOM_OPS, [])
+        switches.export()

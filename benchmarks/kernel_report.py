@@ -73,7 +73,7 @@ def main():
     from pytest_fla.checks.capture import compile_launch
     from pytest_fla.checks.compile_per_arch import capture_op
     from pytest_fla.ops.spec import Case
-    from pytest_fla.specs import all_specs
+    from specs import all_specs
 
     arch = parse_arch(os.environ.get("FLA_TARGET_ARCH") or target_arch())
     spec = {s.name: s for s in all_specs()}[args.op]

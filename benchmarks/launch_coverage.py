@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--ops", default="chunk_kda,gated_delta_net")
     parser.add_argument("--arch", type=int, default=90)
     args = parser.parse_args()
-    from pytest_fla.specs import all_specs
+    from specs import all_specs
 
     specs = {s.name: s for s in all_specs()}
     print("| op | the run compiles | the compile checks compile | of the run's, covered |")

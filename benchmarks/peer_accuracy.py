@@ -4,7 +4,7 @@
         [--B 2 --T 300 --H 2 --K 64 --V 64] [--seed 0] [--budget-s 240] [--json PATH] [--peer-from JSON]
         [--no-worse-than JSON]
 
-Per op (every op of ``pytest_fla.specs.peer.ADAPTERS``, the four gated chunked ones
+Per op (every op of ``specs.peer.ADAPTERS``, the four gated chunked ones
 first), both sides get the same inputs, drawn by the op's spec (``realistic`` gates, an
 initial state where the op takes one, the spec's first case's options) in ``--dtype``,
 and the same upstream gradients (``pytest_fla.checks.run_with_grads``: drawn once, handed
@@ -139,7 +139,7 @@ def compared(spec, result, reference, names) -> dict:
 def measure(spec, dims: dict, dtype: str, device: str, seed: int, peer: bool) -> list[dict]:
     """One op's rows: tensor, ours, peer (None where the peer did not run), their errors."""
     from pytest_fla.checks.generic import differentiable, run_with_grads
-    from pytest_fla.specs.peer import peer_spec
+    from specs.peer import peer_spec
 
     case = case_for(spec, dims)
     sample = spec.sample(case, dtype, device, seed)
@@ -195,8 +195,8 @@ def main(argv=None) -> int:
         emulated = interpreter_bf16.install()
         if not emulated:
             print("note: this Triton's interpreter could not be patched: its bf16 products are its own")
-    from pytest_fla.specs.peer import ADAPTERS, PEER
-    from pytest_fla.specs import all_specs
+    from specs.peer import ADAPTERS, PEER
+    from specs import all_specs
 
     specs = {s.name: s for s in all_specs() if s.name in ADAPTERS}
     chosen = args.ops.split(",") if args.ops else [*FIRST, *sorted(set(specs) - set(FIRST))]

@@ -45,7 +45,7 @@ def main() -> int:
     import torch
 
     from pytest_fla.checks.capture import capture_launches, compile_launch
-    from pytest_fla.specs import all_specs
+    from specs import all_specs
 
     wanted = args.ops.split(",")
     for spec in (s for s in all_specs() if s.name in wanted):

@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ("kernels/_", "kernels/__init__.py", "pytest_fla/", "tests/test_", "conftest.py", "pyproject.toml", "reference/__init__.py")
+sys.path.insert(0, str(ROOT))  # specs/ and kernels/ come from the checkout, not the installed plugin
+SHARED = ("kernels/_", "kernels/__init__.py", "pytest_fla/", "specs/", "tests/test_", "conftest.py", "pyproject.toml", "reference/__init__.py")
 
 
 def changed_files(base: str) -> list[str]:
@@ -34,8 +35,11 @@ def changed_files(base: str) -> list[str]:
 def op_files(arch: int = 90) -> dict[str, set[str]]:
     """op name -> repo-relative source files of the kernels it launches (and its entry point)."""
     os.environ.pop("TRITON_INTERPRET", None)
+    from pytest_fla.checks import switches
     from pytest_fla.checks.compile_per_arch import capture_op
-    from pytest_fla.specs import all_specs
+    from specs import all_specs
+
+    switches.configure_from_pyproject(ROOT / "pyproject.toml")  # the kernels' capture flag
 
     files: dict[str, set[str]] = {}
     for spec in all_specs():

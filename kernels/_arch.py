@@ -17,10 +17,30 @@ import os
 
 import triton
 
-# The arch table (shared memory per arch), which the plugin reads too.
-from .arch_table import ALL_ARCHS as KNOWN_ARCHS  # noqa: F401
-from .arch_table import SHARED_MEMORY_LIMIT, parse_arch  # noqa: F401
-from .arch_table import shared_memory_limit as _limit_of
+# Opt-in shared memory per block, in bytes, that configs are chosen for (the CUDA
+# programming guide's compute capability tables). The kernels' own: they run without the
+# test plugin, whose table of the same limits (pytest_fla/targets/arch_table.py) is what a
+# compile check holds their launches to; tests/plugin/test_targets.py holds the two equal.
+SHARED_MEMORY_LIMIT = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+KNOWN_ARCHS = tuple(sorted(SHARED_MEMORY_LIMIT))
+
+def parse_arch(text: str | int) -> int:
+    """``'sm80'``, ``'sm_90a'``, ``'90'`` or ``90`` (as ``FLA_TARGET_ARCH`` and
+    ``TRITON_OVERRIDE_ARCH`` name a target) -> the capability as an integer (90)."""
+    if isinstance(text, int):
+        return text
+    digits = text.strip().lower().removeprefix("sm").removeprefix("_").removesuffix("a")
+    if not digits.isdigit():
+        raise ValueError(f"cannot parse GPU arch {text!r}: expected e.g. 'sm80' or 'sm90'")
+    return int(digits)
+
+
+def _limit_of(arch: int) -> int:
+    """An arch not in the table gets the nearest older one's budget."""
+    if arch in SHARED_MEMORY_LIMIT:
+        return SHARED_MEMORY_LIMIT[arch]
+    older = [a for a in KNOWN_ARCHS if a <= arch]
+    return SHARED_MEMORY_LIMIT[older[-1] if older else KNOWN_ARCHS[0]]
 
 # True while a launch-capture context is active (the plugin's compile-only mode): wrappers
 # then accept CPU tensors, and each ``kernel[grid](...)`` is recorded, compiled offline

@@ -70,6 +70,9 @@ from triton.runtime.jit import KernelInterface
 from . import _utils, _validate
 
 NAMESPACE = "fla"
+# Set by the test suite's opcheck (its ``fla_through_custom_ops`` ini option): eager calls
+# then go through the custom ops, as compiled graphs' do, so that it sees each op's calls.
+THROUGH_CUSTOM_OPS = False
 # Keyword-only parameters the mechanism fills in.
 PROVIDED = ("keep", "offsets", "needs_grad", "outputs")
 
@@ -252,7 +255,7 @@ class LaunchOp:
         # The eager path is the hot one (a few microseconds of host time count): no
         # dispatcher, no argument dicts; whether a gradient is wanted, the
         # autograd.Function's needs_input_grad says.
-        if torch.compiler.is_compiling():
+        if THROUGH_CUSTOM_OPS or torch.compiler.is_compiling():
             return self._compiled_call(args)
         if self.backward is not None and torch.is_grad_enabled():
             return self._eager.apply(offsets, *args)

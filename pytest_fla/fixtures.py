@@ -83,8 +83,8 @@ HUGE_SHAPES = {
 LARGE_CASE_BYTES = 64 * 2**30
 
 
-def _current_mode() -> str | None:
-    target = targets.current_target()
+def _current_mode(config) -> str | None:
+    target = targets.run_target(config)
     return target.mode if target else None
 
 
@@ -102,7 +102,7 @@ def huge_batch(request) -> HugeShape:
     of thousands of programs would run one at a time.
     """
     shape = HUGE_SHAPES[request.param]
-    if _current_mode() == targets.INTERPRETER:
+    if _current_mode(request.config) == targets.INTERPRETER:
         pytest.skip("huge grids test CUDA's launch limits; the CPU interpreter has none")
     if shape.numel() > 2**31:
         import torch

@@ -29,7 +29,7 @@ import pytest
 from . import report as run_report
 from . import repro, sanitizer, targets
 from .sanitizer import interpreter as interpreter_memcheck
-from .checks import compile_per_arch, poison
+from .checks import compile_per_arch, poison, switches
 from .collection import projects, quick
 from .ops import registry
 from .report import time_split, verdicts
@@ -189,6 +189,8 @@ def pytest_addoption(parser):
         help="allocations poisoned with NaN during op tests: `torch` (torch.empty and friends, the default) "
         "or `package.module:FLAG` flags the library's allocation helper reads",
     )
+    for ini, (default, _, _) in switches.OPTIONS.items():
+        parser.addini(ini, type="linelist", default=list(default), help=switches.HELP[ini])
     group.addoption("--fla-child", default=None, help=argparse.SUPPRESS)
 
 
@@ -259,11 +261,13 @@ def pytest_configure(config):
                             "the tool (unless --fla-sanitizer-all-tests)")
     try:
         poison.configure(config.getini(poison.INI))
+        switches.configure_from(config)
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     compile_per_arch.scope_and_dtypes(config)  # a usage error before any test
     role = _role(config)
-    state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.current_target())
+    config.stash[targets.RUN_TARGET] = targets.current_target()  # set by the coordinator before torch's import
+    state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.run_target(config))
     if config.option.fla_sanitizer and role != "child":
         try:
             state.tools = sanitizer.parse_tools(config.option.fla_sanitizer)

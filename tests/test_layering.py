@@ -1,9 +1,12 @@
 """The layers import downwards only: the kernel library (``kernels/``) and the float64
-references (``reference/``) import nothing from the plugin that tests them."""
+references (``reference/``) import nothing from the plugin that tests them, and the plugin
+nothing from them or from this repo's specs (``specs/``) (it reaches a library only through the specs it is handed and the
+switches its ini names, ``docs/plugin-api.md``)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,104 @@ def test_the_library_imports_nothing_from_the_plugin(package):
     assert not found, f"{package}/ imports the test plugin:\n" + "\n".join(found)
 
 
+LIBRARY = ("kernels", "reference", "specs")
+# a dotted name or a path into one of LIBRARY, in a string the code uses (not in prose:
+# docstrings are left out): "kernels._utils", f"kernels.{name}", "kernels/arch_table.py"
+LIBRARY_NAME = re.compile(r"(?<![\w.])(?:kernels|reference|specs)(?:\.[A-Za-z_{]|/)")
+# calls that import a module named by a string
+IMPORTERS = ("import_module", "__import__", "find_spec", "spec_from_file_location")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _is_library(module: str) -> bool:
+    return module.split(".")[0] in LIBRARY
+
+
+def library_reaches(source: str) -> list[tuple[int, str]]:
+    """``(line, what)`` of every way ``source`` reaches this repo's library: an import
+    statement, a call importing a module by name, a string naming one of its modules or
+    files."""
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+    found = [(line, f"import {module}") for line, module in imported_modules(source) if _is_library(module)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            target = node.args[0].value
+            if name in IMPORTERS and isinstance(target, str) and _is_library(target):
+                found.append((node.lineno, f"{name}({target!r})"))
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+            if LIBRARY_NAME.search(text):
+                found.append((node.lineno, f"f{text!r}"))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+              and LIBRARY_NAME.search(node.value)):
+            found.append((node.lineno, repr(node.value)))
+    return sorted(set(found))
+
+
+def test_the_plugin_reaches_nothing_of_the_library():
+    found = [f"{path.relative_to(ROOT)}:{line}: {what}"
+             for path in sorted((ROOT / PLUGIN).rglob("*.py"))
+             for line, what in library_reaches(path.read_text())]
+    assert not found, "pytest_fla/ reaches into kernels/ or reference/:\n" + "\n".join(found)
+
+
+def test_the_library_scan_sees_every_form_of_reach():
+    source = (
+        '"""The docstring may say kernels._utils."""\n'
+        "import kernels\nfrom reference.attention import attention\n"
+        "def f(name):\n    import kernels._arch\n    return f'kernels.{name}'\n"
+        "importlib.import_module('kernels')\nimportlib.util.find_spec('reference')\n"
+        "PATH = 'kernels/arch_table.py'\nFLAG = 'kernels._utils:POISON_ALLOCATIONS'\n"
+        "SCOPES = ('launches', 'kernels')\nimport kernelsx\nWORDS = 'the float64 reference. Then'\n"
+    )
+    lines = [line for line, _ in library_reaches(source)]
+    assert lines == [2, 3, 5, 6, 7, 8, 9, 10]
+
+
+# what this repo's specs (``specs/``) may import of the plugin: its stable API, as another
+# repository's specs do
+PUBLIC_API = (f"{PLUGIN}.api",)
+
+
+def plugin_modules_named(source: str) -> list[tuple[int, str]]:
+    """``(line, module)`` of every plugin module ``source`` imports; ``from pytest_fla
+    import x`` names ``pytest_fla.x``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == PLUGIN:
+            found += [(node.lineno, f"{PLUGIN}.{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(PLUGIN + "."):
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == PLUGIN]
+    return found
+
+
+def test_the_specs_use_the_plugin_through_its_stable_api_only():
+    found = [f"{path.relative_to(ROOT)}:{line}: {module}"
+             for path in sorted((ROOT / "specs").rglob("*.py"))
+             for line, module in plugin_modules_named(path.read_text())
+             if module not in PUBLIC_API]
+    assert not found, "specs/ imports the plugin past pytest_fla.api:\n" + "\n".join(found)
+
+
+def test_the_api_scan_sees_a_module_imported_from_the_package():
+    source = "from pytest_fla import api, targets\nfrom pytest_fla.api import Arg\nimport pytest_fla.ops.spec\n"
+    assert [m for _, m in plugin_modules_named(source) if m not in PUBLIC_API] == ["pytest_fla.targets",
+                                                                                   "pytest_fla.ops.spec"]
+
+
 def test_the_scan_sees_every_form_of_import():
     source = ("import pytest_fla\nfrom pytest_fla.targets import ALL_ARCHS\n"
               "def f():\n    import pytest_fla.api as api\nfrom . import _arch\nimport pytest_flat\n")
@@ -58,7 +159,6 @@ PLUGIN_LAYERS = (
     ("sanitizer",),    # compute-sanitizer: its command and reports, the tests re-run under it
     ("repro",),        # bug reports as tests
     ("api", "mutation"),  # the stable API for spec modules; mutation testing of the checks
-    ("specs",),        # this repository's op specs (through the API, like any repository's)
 )
 ENTRY_MODULES = ("plugin", "fixtures", "hookspec", "__main__", "conformance", "compile_check", "repro_helpers")
 

@@ -1,4 +1,4 @@
-"""The peer library's adapters (``pytest_fla/specs/peer.py``): how a call is translated, that
+"""The peer library's adapters (``specs/peer.py``): how a call is translated, that
 every op of this repo has a counterpart or says why not, how a release's adapters are
 picked and what a release lacks is reported, and, where fla-core is installed, that each
 adapter matches the peer's signature. ``FLA_PEER_RELEASES=<folder>`` (one unpacked wheel a
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_fla.specs import peer
-from pytest_fla.specs import all_specs
+from specs import peer
+from specs import all_specs
 
 NO_COUNTERPART = {"gated_delta_net": "fla-core ships no GatedDeltaNet layer as a function of its parameters"}
 HAS_PEER = importlib.util.find_spec("fla") is not None
@@ -29,7 +29,7 @@ HAS_PEER = importlib.util.find_spec("fla") is not None
 
 def test_every_op_has_a_peer_adapter_or_a_reason():
     missing = [s.name for s in all_specs() if s.name not in peer.ADAPTERS and s.name not in NO_COUNTERPART]
-    assert not missing, f"no fla-core adapter for {missing}: add one to pytest_fla/specs/peer.py (or a reason here)"
+    assert not missing, f"no fla-core adapter for {missing}: add one to specs/peer.py (or a reason here)"
 
 
 @pytest.fixture
@@ -223,7 +223,7 @@ RELEASES_DIR = os.environ.get(RELEASES_ENV)
 CHILD = """
 import json, warnings
 warnings.simplefilter("ignore")
-from pytest_fla.specs import peer
+from specs import peer
 print("FLA_PEER_RESULT " + json.dumps({"peer": peer.PEER, "problems": peer.signature_problems(),
       "absent": sorted(n for n, a in peer.ADAPTERS.items() if a.absent)}))
 """

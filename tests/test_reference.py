@@ -17,7 +17,7 @@ import reference as ref
 from pytest_fla.checks.generic import sequence_slice
 from pytest_fla.ops.inputs import cu_seqlens_for
 from pytest_fla.ops.spec import Sample
-from pytest_fla.specs import reference_specs
+from specs import reference_specs
 
 
 @pytest.fixture(autouse=True)
@@ -531,7 +531,7 @@ def test_causal_conv1d_final_state_of_a_short_sequence_keeps_older_history():
 
 # ---------------------------------------------------------------- every op: varlen, gradients
 
-# The same op specs the conformance suite checks the kernels with (pytest_fla/specs/):
+# The same op specs the conformance suite checks the kernels with (specs/):
 # one per reference function, a spec describing the reference alone where its kernel is not
 # written yet. Each variant is a case whose options differ (a gate or none, l2norm in the
 # kernel, causal or not), drawn in float64 at tiny sizes.
@@ -629,7 +629,7 @@ def test_every_reference_has_a_spec():
     """Every reference function is drawn for by some spec (a kernel's, or its own)."""
     covered = {spec.reference_fn for spec in SPECS}
     missing = [name for name in ref.__all__ if getattr(ref, name) not in covered]
-    assert not missing, f"references without a spec (add one in pytest_fla/specs/): {missing}"
+    assert not missing, f"references without a spec (add one in specs/): {missing}"
 
 
 def packed_params():

@@ -9,7 +9,7 @@ import pytest
 
 import kernels
 from pytest_fla.ops.registry import SpecError, validate
-from pytest_fla.specs import all_specs, family_modules
+from specs import all_specs, family_modules
 
 # Public names of `kernels` that are not ops of their own, and what checks them instead.
 NOT_OPS = {
@@ -28,7 +28,7 @@ def test_every_exported_op_has_a_spec():
     checked = {id(spec.op_fn) for spec in all_specs()}
     missing = [name for name, fn in exported_ops().items() if id(fn) not in checked and name not in NOT_OPS]
     assert not missing, (
-        f"kernels exports {missing} but no op spec calls them: add a spec module in pytest_fla/specs/ "
+        f"kernels exports {missing} but no op spec calls them: add a spec module in specs/ "
         "(see docs/plugin-api.md), or list the name in NOT_OPS with what checks it"
     )
 

@@ -117,7 +117,7 @@ def choose_configs(K: int, V: int, dtype: torch.dtype, arch: int | None = None) 
     value block): their value block sets the parallelism (B = 4, H = 16, V = 128 gives 128
     programs at BV = 64), and their pipelining stages and key pieces set the shared memory,
     which must leave room for two programs per multiprocessor so that all of them run in
-    one wave. The specs' compile cases (pytest_fla/specs/delta_rule.py) compile every
+    one wave. The specs' compile cases (specs/delta_rule.py) compile every
     kernel offline for each target arch against its limit.
     """
     arch = _arch.target_arch() if arch is None else arch

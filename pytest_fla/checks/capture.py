@@ -4,8 +4,8 @@ Inside ``capture_launches(arch)`` every ``kernel[grid](...)`` is recorded instea
 run: the kernel, its specialised signature, constexprs, compile options and grid,
 bound exactly as Triton would bind them for ``arch``. An autotuned kernel records one
 launch per config (heuristics pass through), so every config a card could pick is
-checked. ``kernels._arch.CAPTURING_LAUNCHES`` is set meanwhile, so op wrappers accept
-CPU tensors. ``check_launches`` then compiles each distinct launch for the target with
+checked. The library's ``fla_capturing_launches`` flags (``checks.switches``) are set
+meanwhile, so its op wrappers can accept CPU tensors. ``check_launches`` then compiles each distinct launch for the target with
 ``triton.compile(..., target=GPUTarget("cuda", arch, 32))`` and checks what a real card
 checks at load and launch: shared memory within the arch's opt-in limit, threads per
 block, and the grid within CUDA's limits.
@@ -17,9 +17,9 @@ Needs ``TRITON_INTERPRET`` unset in this process: the interpreter replaces
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass, field
 
+from . import switches
 from ..targets import SHARED_MEMORY_LIMIT, arch_name
 
 MAX_GRID = (2**31 - 1, 65535, 65535)
@@ -144,22 +144,13 @@ def capture_launches(arch: int):
         for config in self.configs:
             self.fn.run(*args, **kwargs, **config.all_kwargs())
 
-    arch_module = sys.modules.get("kernels._arch")
-    if arch_module is None:
-        try:
-            import kernels._arch as arch_module
-        except ImportError:
-            arch_module = None
     saved = (JITFunction.run, Autotuner.run)
     JITFunction.run, Autotuner.run = record_launch, record_every_config
-    if arch_module is not None:
-        arch_module.CAPTURING_LAUNCHES = True
     try:
-        yield recorder
+        with switches.flags_set(switches.CAPTURING_LAUNCHES):
+            yield recorder
     finally:
         JITFunction.run, Autotuner.run = saved
-        if arch_module is not None:
-            arch_module.CAPTURING_LAUNCHES = False
 
 
 _compiled: dict = {}  # Launch.key() + arch -> compiled kernel or the exception it raised

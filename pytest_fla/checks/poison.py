@@ -4,8 +4,7 @@ stays NaN (-1 for integers), where fresh memory would pass for a plausible value
 What gets poisoned is the ini option ``fla_poison`` (one target per line):
 
 * ``package.module:FLAG``: a boolean the library's allocation helper reads (this repo's
-  ``kernels._utils:POISON_ALLOCATIONS``, read by ``kernels._utils.empty``); it is set
-  True while a test of an op runs;
+  pyproject names one); it is set True while a test of an op runs;
 * ``torch`` (the default): ``torch.empty``, ``torch.empty_like`` and
   ``Tensor.new_empty`` fill what they return, for a library without such a flag.
 
@@ -16,12 +15,12 @@ op (``fla_op`` marker); ``test_every_output_written`` relies on it.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import sys
+
+from . import switches
+from .switches import TORCH
 
 INI = "fla_poison"
-DEFAULT_TARGETS = ("torch",)
-TORCH = "torch"
+DEFAULT_TARGETS = (TORCH,)
 
 _targets: tuple[str, ...] = DEFAULT_TARGETS
 
@@ -29,11 +28,7 @@ _targets: tuple[str, ...] = DEFAULT_TARGETS
 def configure(targets) -> None:
     """Set the session's targets (the plugin does, from the ini option); checks each."""
     global _targets
-    targets = tuple(t.strip() for t in targets if t.strip())
-    for target in targets:
-        if target != TORCH and (":" not in target or not all(target.split(":"))):
-            raise ValueError(f"{INI}: {target!r} is neither `torch` nor `package.module:FLAG`")
-    _targets = targets
+    _targets = switches.parse(INI, targets, torch_allowed=True)
 
 
 def targets() -> tuple[str, ...]:
@@ -50,25 +45,23 @@ def poisoned(targets_: tuple[str, ...] | None = None, op_test: bool = True):
         for target in _targets if targets_ is None else targets_:
             if target == TORCH:
                 if op_test:
-                    stack.enter_context(_poisoned_torch())
+                    stack.enter_context(torch_allocations_filled(fill_poison))
                 continue
-            module_name, flag = target.split(":")
-            module = sys.modules.get(module_name)
-            if module is None and op_test:
-                module = importlib.import_module(module_name)
+            module, flag = switches.resolve(target, import_it=op_test)
             if module is not None:
-                stack.enter_context(_flag_set(module, flag))
+                stack.enter_context(switches.flag_set(module, flag))
         yield
 
 
 @contextlib.contextmanager
-def _flag_set(module, flag: str):
-    saved = getattr(module, flag)
-    setattr(module, flag, True)
-    try:
+def zeroed():
+    """Every allocation of the library starts at zero inside the block (the
+    ``fla_zero_allocations`` ini option: torch's allocators, or the library's flags)."""
+    with contextlib.ExitStack() as stack:
+        if TORCH in switches.entries(switches.ZERO_ALLOCATIONS):
+            stack.enter_context(torch_allocations_filled(fill_zero))
+        stack.enter_context(switches.flags_set(switches.ZERO_ALLOCATIONS))
         yield
-    finally:
-        setattr(module, flag, saved)
 
 
 def fill_poison(t):
@@ -77,22 +70,30 @@ def fill_poison(t):
     return t
 
 
+def fill_zero(t):
+    if t.device.type != "meta" and t.numel():
+        t.zero_()
+    return t
+
+
 @contextlib.contextmanager
-def _poisoned_torch():
+def torch_allocations_filled(fill):
+    """``torch.empty``, ``torch.empty_like`` and ``Tensor.new_empty`` pass what they return
+    through ``fill`` inside the block."""
     import torch
 
     empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
 
-    def poisoned_empty(*args, **kwargs):
-        return fill_poison(empty(*args, **kwargs))
+    def filled_empty(*args, **kwargs):
+        return fill(empty(*args, **kwargs))
 
-    def poisoned_empty_like(*args, **kwargs):
-        return fill_poison(empty_like(*args, **kwargs))
+    def filled_empty_like(*args, **kwargs):
+        return fill(empty_like(*args, **kwargs))
 
-    def poisoned_new_empty(self, *args, **kwargs):
-        return fill_poison(new_empty(self, *args, **kwargs))
+    def filled_new_empty(self, *args, **kwargs):
+        return fill(new_empty(self, *args, **kwargs))
 
-    torch.empty, torch.empty_like, torch.Tensor.new_empty = poisoned_empty, poisoned_empty_like, poisoned_new_empty
+    torch.empty, torch.empty_like, torch.Tensor.new_empty = filled_empty, filled_empty_like, filled_new_empty
     try:
         yield
     finally:

@@ -3,9 +3,10 @@ and the tests that run them over the session's specs (``from pytest_fla.checks.t
 import *`` in a test module, like :mod:`pytest_fla.checks.conformance`).
 
 * ``check_opcheck``: ``torch.library.opcheck`` on every custom op a call of the spec's op
-  goes through (``kernels/_library.py``): the forward op with gradients wanted (its
-  autograd rule, hence the backward op, included) and the backward op on its own (under
-  the interpreter without opcheck's AOT-dispatch test, which the next check covers).
+  goes through, forward and backward, with the arguments the call gave it (seen by a
+  ``TorchDispatchMode``, the library's ``fla_through_custom_ops`` flags set; under the interpreter without opcheck's AOT-dispatch test, which
+  the next check covers). Allocations start at zero meanwhile (``fla_zero_allocations``):
+  opcheck compares every output of two runs, the slots no kernel writes included.
 * ``check_compiled_matches_eager``: ``torch.compile(fullgraph=True, dynamic=True)``
   around the op, at two sequence lengths (or two packings of ``cu_seqlens``), compiles
   once and gives the eager outputs and gradients (bit for bit where the graph holds the
@@ -13,7 +14,7 @@ import *`` in a test module, like :mod:`pytest_fla.checks.conformance`).
 * ``check_cuda_graphs``: under ``mode="reduce-overhead"`` (CUDA graphs), outputs of two
   calls alive at once are each right, over the calls that warm up, record and replay, and
   an eager call afterwards still matches (no cache the kernels keep was captured into a
-  graph's memory).
+  graph's memory: the library's ``fla_clear_caches`` functions empty them first).
 
 Cases are the spec's first case, at its CPU sizes under the interpreter (T cut to a few
 tokens where the case is longer: every check runs the op several times) and at its GPU
@@ -28,8 +29,10 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from .generic import cotangents, differentiable, run_with_grads, seed_for
+from . import poison, switches
+from .generic import differentiable, run_with_grads, seed_for
 from ..running.devices import is_interpreter
 from ..ops.registry import over_specs, spec_param
 from ..ops.spec import Case, OpSpec, Sample
@@ -73,30 +76,44 @@ def _lengths(case: Case, device) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- opcheck
 
 
+# Namespaces of torch's own ops: every other op a call reaches is a library's custom op.
+TORCH_NAMESPACES = frozenset({"aten", "prim", "prims"})
+
+
+class _CustomOpCalls(TorchDispatchMode):
+    """Every custom-op call (``torch.library``) made meanwhile, as ``(op, args, kwargs)``:
+    the dispatcher hands each op to the mode below autograd, so the forward ops and the
+    backward ops their autograd rules call are both seen, whichever library defines them."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace not in TORCH_NAMESPACES:
+            self.calls.append((func, _detached(args), _detached(kwargs)))
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def recorded_calls():
-    """Every ``LaunchOp`` call made meanwhile, as ``(op, args, keep)``."""
-    from kernels import _library
-
-    calls = []
-    original = _library.LaunchOp.__call__
-
-    def recording(self, *args, offsets=None):
-        tensors = [args[i] for i in self._tensor_index]
-        keep = self.backward is not None and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in tensors)
-        calls.append((self, args, keep))
-        return original(self, *args, offsets=offsets)
-
-    _library.LaunchOp.__call__ = recording
-    try:
-        yield calls
-    finally:
-        _library.LaunchOp.__call__ = original
+    """Every custom-op call made meanwhile, as ``(op, args, kwargs)``."""
+    mode = _CustomOpCalls()
+    with mode:
+        yield mode.calls
 
 
-def _detached(args) -> tuple:
-    return tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+def _detached(value):
+    """``value`` with every tensor detached (keeping whether it requires a gradient, which
+    opcheck's autograd-registration test reads), through lists, tuples and dicts."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
 
 
 def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
@@ -104,32 +121,17 @@ def check_opcheck(spec: OpSpec, device, seed: int, lengths=None) -> list[str]:
     their names."""
     sample = spec.sample(_case(spec, device), "fp32", device, seed, lengths=lengths)
     names = differentiable(spec, sample)
-    with recorded_calls() as calls:
+    with switches.flags_set(switches.THROUGH_CUSTOM_OPS), recorded_calls() as calls:
         run_with_grads(spec.op_fn, sample, names, seed=seed)
     if not calls:
-        if getattr(spec.op_fn, "__module__", "").split(".")[0] == "kernels":
-            raise AssertionError(f"{spec.name}: the op made no call through kernels._library "
-                                 "(not registered as a custom op: kernels/README.md, torch.compile)")
-        pytest.skip(f"{spec.name}: not this repository's op; opcheck covers the ops of kernels._library")
+        pytest.skip(f"{spec.name}: the op calls no custom op (torch.library): opcheck has nothing to check")
     checked = []
-    with _zeroed_allocations(), no_persistent_compile_caches():
-        for op, args, keep in calls:
-            _opcheck_call(op, args, keep, seed, checked)
+    with poison.zeroed(), no_persistent_compile_caches():
+        for op, args, kwargs in calls:
+            if str(op) not in checked:
+                torch.library.opcheck(op, args, kwargs, test_utils=_opcheck_utils())
+                checked.append(str(op))
     return checked
-
-
-@contextlib.contextmanager
-def _zeroed_allocations():
-    """opcheck compares every output of two runs, the saved intermediates included, whose
-    unused slots no kernel writes: start every buffer at zero meanwhile."""
-    import kernels._utils as utils
-
-    before = utils.ZERO_ALLOCATIONS
-    utils.ZERO_ALLOCATIONS = True
-    try:
-        yield
-    finally:
-        utils.ZERO_ALLOCATIONS = before
 
 
 # opcheck's AOT-dispatch test is left out under the interpreter (the CPU CI): there it was
@@ -145,30 +147,6 @@ def _opcheck_utils() -> tuple:
     if is_interpreter():
         return tuple(u for u in OPCHECK_TESTS if u != AOT_DISPATCH_TEST)
     return OPCHECK_TESTS
-
-
-def _opcheck_call(op, args, keep, seed: int, checked: list) -> None:
-    """opcheck the forward op of one recorded call (with ``keep``) and its backward op;
-    appends their names to ``checked`` (an op already there is skipped)."""
-    from kernels import _library
-
-    forward, backward = op.custom_ops(args)
-    if str(forward._opoverload) in checked:
-        return
-    args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args)
-    torch.library.opcheck(forward, (*args, keep), test_utils=_opcheck_utils())
-    checked.append(str(forward._opoverload))
-    if backward is None or not keep:
-        return
-    plain = _detached(args)
-    flat = [t.detach() for t in forward(*plain, True)]
-    outputs = _library._from_list(flat[: op.n_outputs])
-    saved = list(_library._from_list(flat[op.n_outputs:]))
-    grads = cotangents(outputs, seed)
-    needs_grad = [isinstance(args[i], torch.Tensor) and args[i].requires_grad for i in op._tensor_index]
-    kept_outputs = list(outputs) if op.backward_reads_outputs else []
-    torch.library.opcheck(backward, (grads, saved, kept_outputs, *plain, needs_grad), test_utils=_opcheck_utils())
-    checked.append(str(backward._opoverload))
 
 
 # ----------------------------------------------------------------------------- compiled == eager
@@ -269,14 +247,6 @@ def check_compiled_matches_eager(spec: OpSpec, device, seed: int, backend: str =
 # ----------------------------------------------------------------------------- CUDA graphs
 
 
-def _clear_device_caches() -> None:
-    try:
-        from kernels._utils import clear_device_caches
-    except ImportError:  # another implementation's specs
-        return
-    clear_device_caches()
-
-
 def check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int = 3) -> None:
     """``mode="reduce-overhead"``: two calls' outputs alive together are both right, in
     every round (warm-up, recording, replay), with their gradients; an eager call after
@@ -294,7 +264,8 @@ def _check_cuda_graphs(spec: OpSpec, device, seed: int, rounds: int) -> None:
     _, static = _split(first)
     compiled = _compiled_call(spec, static, "inductor", mode="reduce-overhead")
     before = run_with_grads(spec.op_fn, first, names, seed=seed)
-    _clear_device_caches()  # the compiled calls fill them: inside graphs, were any captured
+    # the compiled calls fill the library's caches: inside graphs, were any captured
+    switches.call_each(switches.CLEAR_CACHES)
     for round_ in range(rounds):
         results = []
         for sample in (first, second):

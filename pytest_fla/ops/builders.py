@@ -2,9 +2,9 @@
 
 :func:`op_spec` builds the spec of any op: its inputs (``{name: Arg}``), cases, gradients,
 error inputs and the sizes at which the grid checks push it past CUDA's limits, all
-explicit. :func:`linear_attention_spec` is ``op_spec`` with this project's defaults for a
-q/k/v recurrence (the ``kernels.<name>`` / ``reference.<family>`` naming, its error
-inputs, the huge-grid and 64-bit-offset sizes of a ``[B, T, H, K]`` op).
+explicit. :func:`linear_attention_spec` is ``op_spec`` with defaults for a q/k/v
+recurrence (the ``<op_package>.<name>`` / ``<reference_package>.<family>`` naming, its
+error inputs, the huge-grid and 64-bit-offset sizes of a ``[B, T, H, K]`` op).
 """
 
 from __future__ import annotations
@@ -118,6 +118,8 @@ def linear_attention_spec(
     *,
     op: Callable | str | None = _DEFAULT,
     reference: Callable | str | None = None,
+    op_package: str | None = None,
+    reference_package: str | None = None,
     errors: ErrorFactory | None = _DEFAULT,
     huge_grid: Mapping[str, int] | None = _DEFAULT,
     int64_dims: Mapping[str, int] | None = _DEFAULT,
@@ -125,17 +127,23 @@ def linear_attention_spec(
     **fields: Any,
 ) -> OpSpec:
     """:func:`op_spec` for a q/k/v recurrence returning ``(o, final_state)``, with this
-    project's defaults for what is not given: ``op="kernels.<name>"``,
-    ``reference="reference.<name less chunk_/fused_recurrent_>"``,
+    defaults for what is not given: ``op="<op_package>.<name>"``,
+    ``reference="<reference_package>.<name less chunk_/fused_recurrent_>"`` (a library
+    names its two packages once, e.g. with ``functools.partial``),
     ``errors=linear_attention_errors()``, ``huge_grid=HUGE_GRID_DIMS`` and
     ``int64_dims=INT64_DIMS`` (pass ``None`` to leave a check out), and initial states
     taken in bf16 and fp16 as well as float32."""
     base = name.removeprefix("chunk_").removeprefix("fused_recurrent_")
+    if op is _DEFAULT and op_package is None:
+        raise TypeError(f"linear_attention_spec({name!r}): give `op`, or `op_package` to take `<op_package>.{name}`")
+    if reference is None and reference_package is None:
+        raise TypeError(f"linear_attention_spec({name!r}): give `reference`, or `reference_package` to take "
+                        f"`<reference_package>.{base}`")
     return op_spec(
         name,
         family=family,
-        op=f"kernels.{name}" if op is _DEFAULT else op,
-        reference=reference or f"reference.{base}",
+        op=f"{op_package}.{name}" if op is _DEFAULT else op,
+        reference=reference or f"{reference_package}.{base}",
         args=args,
         cases=cases,
         grads=grads,

@@ -60,7 +60,7 @@ def annotate(item, report) -> None:
     if any(name == "fla_arch" for name, _ in report.user_properties):
         return
     op, check = op_and_check(item)
-    target = targets.current_target()
+    target = targets.run_target(item.config)
     report.user_properties.extend(
         [
             ("fla_op", op),

@@ -142,7 +142,7 @@ class ReproItem(pytest.Item):
         missing = self.header.missing_requirement()
         if missing:
             pytest.skip(missing)
-        target = targets.current_target()
+        target = targets.run_target(self.config)
         mode = target.mode if target else None
         if self.header.needs in ("device", "gpu") and mode == targets.COMPILE_ONLY:
             pytest.skip(f"runs kernels; {target.name} is compile-only here")

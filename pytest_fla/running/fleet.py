@@ -106,14 +106,14 @@ class Fleet:
 
 
 def requested(arch_option: str) -> bool:
-    return FLEET in {w.strip().lower() for w in arch_option.split(",")}
+    return FLEET in targets.arch_words(arch_option)
 
 
 def extra_archs(arch_option: str) -> list[int]:
     """The archs named beside ``fleet`` (``all`` is every known one; ``native`` is implied)."""
     archs: list[int] = []
-    for word in (w.strip().lower() for w in arch_option.split(",")):
-        if word in ("", FLEET, "native"):
+    for word in targets.arch_words(arch_option):
+        if word in (FLEET, "native"):
             continue
         archs.extend(targets.ALL_ARCHS if word == "all" else [targets.parse_arch(word)])
     return list(dict.fromkeys(archs))

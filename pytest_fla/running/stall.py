@@ -12,7 +12,8 @@ tree waits (its state, kernel wait channel and stack, and the Python stacks the 
 writes on SIGUSR1), kills the tree, and the batch goes on (``isolation.run_batch`` runs the
 stalled test once more before it fails it).
 
-Linux only: the CPU time comes from ``/proc``. Elsewhere ``wait`` only waits.
+Processes, their CPU time and command lines are read through psutil; the kernel's wait
+channel and stack, which psutil does not read, from ``/proc`` where it is there (Linux).
 """
 
 from __future__ import annotations
@@ -23,66 +24,59 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 POLL_SECONDS = 2.0
 CPU_FLOOR = 1.0  # CPU seconds of the whole tree within the window that count as progress
 PROC = Path("/proc")
 
 
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) is in parentheses and may hold spaces
-    return [str(pid), text[text.index("(") + 1 : text.rindex(")")]] + text[text.rindex(")") + 2 :].split()
-
-
 def tree(root: int) -> list[int]:
-    """``root`` and every process descended from it."""
-    parents: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields:
-                parents.setdefault(int(fields[3]), []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += parents.get(pid, [])
-    return found
+    """``root`` and every process descended from it (those still there)."""
+    try:
+        process = psutil.Process(root)
+        return [root] + [child.pid for child in process.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def cpu_seconds(pids: list[int]) -> float:
     """User plus system CPU seconds of ``pids`` (those still there), with their children
     that have ended and been waited for (a compiler run from the test process)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
+    total = 0.0
     for pid in pids:
-        fields = _stat(pid)
-        if fields:
-            total += sum(int(value) for value in fields[13:17])  # utime, stime, cutime, cstime
-    return total / ticks
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
 
 
 def where(pids: list[int]) -> str:
-    """Each process's command, state, kernel wait channel and kernel stack (where readable)."""
+    """Each process's command, state, threads' states, and (Linux) kernel wait channel and
+    kernel stack, where readable."""
     lines = []
     for pid in pids:
-        fields = _stat(pid)
-        if not fields:
+        try:
+            process = psutil.Process(pid)
+            with process.oneshot():
+                command = " ".join(process.cmdline()).strip() or process.name()
+                status = process.status()
+                threads = [thread.id for thread in process.threads()]
+        except psutil.Error:
             continue
-        base = PROC / str(pid)
-        command = " ".join(_argv(pid)).strip() or fields[1]
-        wchan = _read(base / "wchan") or "?"
         states: dict[str, int] = {}
-        for task in (base / "task").glob("*"):
-            thread = _stat(int(task.name))  # a thread's stat is under /proc/<its id> too
-            if thread:
-                states[thread[2]] = states.get(thread[2], 0) + 1
-        threads = " ".join(f"{n} {s}" for s, n in sorted(states.items()))
-        lines.append(f"pid {pid} state {fields[2]} wchan {wchan} threads [{threads}]: {command[:300]}")
-        stack = _read(base / "stack")
+        for thread in threads:
+            try:
+                state = psutil.Process(thread).status()  # a thread is a process to the kernel
+            except psutil.Error:
+                continue
+            states[state] = states.get(state, 0) + 1
+        summary = " ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        wchan = _read(PROC / str(pid) / "wchan") or "?"
+        lines.append(f"pid {pid} state {status} wchan {wchan} threads [{summary}]: {command[:300]}")
+        stack = _read(PROC / str(pid) / "stack")
         if stack:
             lines += ["    " + line for line in stack.splitlines()[:12]]
     return "\n".join(lines)
@@ -101,7 +95,7 @@ def wait(process: subprocess.Popen, progress: Path, seconds: float | None, pytho
     The Python processes of the tree run as ``python -m pytest`` with an argument that
     starts with ``python_marker`` are asked for their stacks (SIGUSR1) first; not the
     wrapper whose command line holds theirs (compute-sanitizer dies of that signal)."""
-    if not seconds or not PROC.is_dir():
+    if not seconds:
         process.wait()
         return None
     mark_time, mark_cpu, mark_size = time.monotonic(), -1.0, -1
@@ -133,8 +127,8 @@ def wait(process: subprocess.Popen, progress: Path, seconds: float | None, pytho
 
 def _argv(pid: int) -> list[str]:
     try:
-        return (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
         return []
 
 

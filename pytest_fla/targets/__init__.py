@@ -22,35 +22,15 @@ triton: the GPU is probed through the CUDA driver library directly.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def _kernels_arch_table():
-    """``kernels/arch_table.py``, the kernels' arch table, loaded by path without running
-    ``kernels/__init__.py`` (which imports triton: ``TRITON_INTERPRET`` must be set first).
-    It is registered as ``kernels.arch_table``, so that ``kernels._arch`` later gets this
-    very module and the plugin and the kernels read one table."""
-    name = "kernels.arch_table"
-    if name not in sys.modules:
-        package = importlib.util.find_spec("kernels")
-        if package is None or not package.submodule_search_locations:
-            raise ImportError("pytest_fla reads its arch table from the kernels package (kernels/arch_table.py), "
-                              "which is not importable here")
-        path = Path(list(package.submodule_search_locations)[0]) / "arch_table.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+import pytest
 
 
-_TABLE = _kernels_arch_table()
-ALL_ARCHS, SHARED_MEMORY_LIMIT, arch_name = _TABLE.ALL_ARCHS, _TABLE.SHARED_MEMORY_LIMIT, _TABLE.arch_name
-parse_arch = _TABLE.parse_known_arch
+from .arch_table import ALL_ARCHS, SHARED_MEMORY_LIMIT, arch_name
+from .arch_table import parse_known_arch as parse_arch
 
 # Targets that TRITON_OVERRIDE_ARCH was checked to produce working code for on a newer GPU.
 EMULATABLE = (80, 86, 89)
@@ -123,7 +103,7 @@ def resolve_targets(spec: str, gpu: Gpu | None) -> list[Target]:
     Without a GPU the numeric checks still run once, under the interpreter, beside
     the compile-only targets.
     """
-    words = [w.strip().lower() for w in spec.split(",") if w.strip()]
+    words = arch_words(spec)
     archs: list[int] = []
     native = False
     for word in words:
@@ -154,9 +134,25 @@ def decode_target(text: str) -> Target:
 
 
 def current_target() -> Target | None:
-    """The target this process runs, as its coordinator set it (None outside a run)."""
+    """The target this process runs, as its coordinator set it in the environment (None
+    outside a run): for what runs before the session is configured (a worker's setup,
+    before torch is imported) or outside one (a reproducer). Elsewhere ``run_target``."""
     text = os.environ.get(RUN_TARGET_ENV)
     return decode_target(text) if text else None
+
+
+# the run's state holds this process's target from its configure on (plugin.py)
+RUN_TARGET = pytest.StashKey["Target | None"]()
+
+
+def run_target(config) -> Target | None:
+    """The target this process runs tests under, from the run's state."""
+    return config.stash.get(RUN_TARGET, None)
+
+
+def arch_words(option: str) -> list[str]:
+    """``--fla-arch``'s words, lower case, in order: the one place the option is split."""
+    return [word.strip().lower() for word in option.split(",") if word.strip()]
 
 
 def triton_cache_dir(target: Target) -> str:

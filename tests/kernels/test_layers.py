@@ -2,7 +2,7 @@
 references (``reference.layers.gated_delta_net``), forward and backward through the
 input and every parameter, under the tolerance rule of ``pytest_fla/checks/tolerance.py``.
 
-The functional form has a spec (``pytest_fla/specs/layers.py``) and so the generic
+The functional form has a spec (``specs/layers.py``) and so the generic
 checks; here it is the module: its parameters reach the function, its gradients reach
 its parameters, and it picks the fused-recurrent kernel for short inputs at inference.
 """
@@ -143,7 +143,7 @@ def test_token_masses_are_the_per_token_terms_of_the_reduced_gradients():
     gradient, and their magnitudes' sum bounds it; on this sample the sums cancel (the
     condition number ``sum|terms| / |sum|`` is above 1), which is why the rule exists."""
     from pytest_fla.checks.generic import run_with_grads, token_masses
-    from pytest_fla.specs.layers import GATED_DELTA_NET as spec
+    from specs.layers import GATED_DELTA_NET as spec
 
     sample = spec.sample(spec.cases[0], "fp32", "cpu", seed=0)
     names = ["A_log", "dt_bias", "x"]

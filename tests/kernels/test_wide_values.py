@@ -12,7 +12,7 @@ import pytest
 from pytest_fla.checks import generic
 from pytest_fla.checks.generic import dtype_skip_reason, numeric_device
 from pytest_fla.ops.packings import packings
-from pytest_fla.specs import all_specs
+from specs import all_specs
 
 # op -> its case at value heads of 512
 CASES = {

@@ -195,3 +195,36 @@ def test_the_report_splits_the_time_of_tests_run_in_their_worker(pytester):
     assert test["parts_seconds"]["inputs"] >= 0.2 and test["parts_seconds"]["reference"] >= 0.1
     assert test["parts_seconds"]["inputs"] + test["parts_seconds"]["reference"] <= test["duration"]
     assert "tests run in their workers:" in result.stdout.str() and "drawing inputs" in result.stdout.str()
+
+
+@cpu_only
+def test_the_library_switches_named_in_the_ini_are_set_by_their_checks(pytester):
+    """A library's switches (``checks.switches``): each flag True only inside its check,
+    the cache function called, torch's allocators zeroed for opcheck by default."""
+    project(pytester)
+    pytester.makepyfile(lib='CAPTURING = False\nTHROUGH = False\nCLEARED = []\n'
+                            'def clear():\n    CLEARED.append(1)\n')
+    pytester.makeini("[pytest]\nfla_capturing_launches = lib:CAPTURING\nfla_clear_caches = lib:clear\n"
+                     "fla_through_custom_ops = lib:THROUGH\n")
+    pytester.makepyfile(test_switches='''
+import math
+import lib, torch
+from pytest_fla.checks import poison, switches
+
+def test_flags():
+    assert not lib.CAPTURING
+    with switches.flags_set(switches.CAPTURING_LAUNCHES):
+        assert lib.CAPTURING and not lib.THROUGH
+    assert not lib.CAPTURING
+    switches.call_each(switches.CLEAR_CACHES)
+    assert lib.CLEARED == [1]
+
+def test_zeroed_inside_the_poison():
+    with poison.poisoned(("torch",)):
+        assert math.isnan(torch.empty(3)[0])
+        with poison.zeroed():
+            assert torch.empty(3).eq(0).all() and torch.empty_like(torch.ones(2)).eq(0).all()
+''')
+    run(pytester, "-v", "test_switches.py").assert_outcomes(passed=2)
+    pytester.makeini("[pytest]\nfla_capturing_launches = torch\n")
+    assert "fla_capturing_launches: 'torch' is not `package.module:FLAG`" in run(pytester, "test_switches.py").stderr.str()

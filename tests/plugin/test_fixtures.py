@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugin_testing import cpu_only, run
+from plugin_testing import REPO, cpu_only, run
 from pytest_fla.ops.packings import packings
 
 PROJECT = '''
@@ -52,7 +52,7 @@ def test_poisoned_allocations():
 @cpu_only
 def test_fixture_families(pytester):
     pytester.makepyfile(test_fixtures=PROJECT)
-    pytester.makeini("[pytest]\nfla_poison = kernels._utils:POISON_ALLOCATIONS\n")
+    pytester.makeini(f"[pytest]\nfla_poison = kernels._utils:POISON_ALLOCATIONS\npythonpath = {REPO}\n")
     result = run(pytester, "-v", "-rs")
     out = result.stdout.str()
     # every packing in both index dtypes, with ids naming them

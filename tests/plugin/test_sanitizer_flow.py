@@ -471,7 +471,7 @@ def test_a_stalled_child_is_killed_and_its_test_runs_again(pytester, monkeypatch
         assert f"PASSED test_kernels.py::{name}" in out
     assert "its first run under the tool stalled and was killed; it ran again" in out
     # where the processes waited: the tool's and the test process's state, Python stacks
-    assert re.search(r"pid \d+ state S wchan \S+ threads \[[^]]*\]: \S*python\S* -m pytest --fla-child=", out)
+    assert re.search(r"pid \d+ state sleeping wchan \S+ threads \[[^]]*\]: \S*python\S* -m pytest --fla-child=", out)
     assert "in stall_under_tool" in out
     under_tool = (pytester.path / "sanitizer.log.tests").read_text().split()
     # one batch run cut at b, b's re-run cut at c, c's re-run, then d on its own

@@ -85,11 +85,14 @@ def test_importing_the_plugin_initialises_nothing():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_the_plugins_limits_are_the_kernels_limits():
-    """One arch table (kernels/arch_table.py): the plugin reads the kernels'."""
+def test_the_kernels_budgets_are_the_plugins_limits():
+    """The kernels choose configs from budgets of their own (they run without the plugin);
+    a budget over the plugin's limit would pick configs that a real card of that arch
+    cannot launch, one under it configs slower than the card allows."""
     import kernels._arch
 
-    assert kernels._arch.SHARED_MEMORY_LIMIT is targets.SHARED_MEMORY_LIMIT
+    assert kernels._arch.SHARED_MEMORY_LIMIT == targets.SHARED_MEMORY_LIMIT
+    assert kernels._arch.KNOWN_ARCHS == targets.ALL_ARCHS
     assert kernels._arch.shared_memory_limit(87) == targets.SHARED_MEMORY_LIMIT[86]  # nearest older
 
 
@@ -253,3 +256,11 @@ def test_small_shapes_reach_every_process(pytester, how):
     result.stdout.fnmatch_lines(["*fla shapes: every case at its small dims on a GPU too*"])
     without = run(pytester, *how)
     without.assert_outcomes(failed=1)
+
+
+def test_the_arch_option_is_split_in_one_place():
+    from pytest_fla.running import fleet
+
+    assert targets.arch_words(" SM80, ,all ,fleet") == ["sm80", "all", "fleet"]
+    assert fleet.requested("sm80, FLEET") and not fleet.requested("sm80,fleetx")
+    assert fleet.extra_archs("fleet, sm86,,native") == [86]

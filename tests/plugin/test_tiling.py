@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from pytest_fla.checks.generic import _tiled
-from pytest_fla.specs import all_specs
+from specs import all_specs
 
 
 def test_tiling_repeats_batch_tensors_only():

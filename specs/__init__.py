@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..ops.spec import OpSpec
+from pytest_fla.api import OpSpec
 
 NOT_FAMILIES = ("common", "peer")
 

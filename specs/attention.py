@@ -14,8 +14,7 @@ from typing import Iterable
 
 import torch
 
-from ..ops.inputs import Arg, make_factory
-from ..ops.spec import Case, ErrorInput, OpSpec, Sample
+from pytest_fla.api import Arg, Case, ErrorInput, OpSpec, Sample, make_factory
 from .common import (HUGE_GRID_DIMS, INT64_DIMS, scale_errors, shape_errors, varlen_errors, with_args, zero_heads_errors,
                      zero_width_errors)
 

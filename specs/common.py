@@ -7,10 +7,14 @@ Spec modules import from here or from ``pytest_fla.api``; both stay.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-from .. import api
-from ..api import *  # noqa: F401,F403 - the spec API, for `from .common import ...`
-from ..api import Arg, ErrorInput, chain_errors, linear_attention_errors
+from pytest_fla import api
+from pytest_fla.api import *  # noqa: F401,F403 - the spec API, for `from .common import ...`
+from pytest_fla.api import Arg, ErrorInput, chain_errors, linear_attention_errors
+
+# this repo's q/k/v recurrences: kernels.<name>, checked against reference.<family>
+linear_attention_spec = functools.partial(api.linear_attention_spec, op_package="kernels", reference_package="reference")
 
 STATE = Arg(("N", "H", "K", "V"), "state", optional=True)
 STATE_GVA = Arg(("N", "HV", "K", "V"), "state", optional=True)

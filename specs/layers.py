@@ -17,8 +17,7 @@ from typing import Iterable
 
 import torch
 
-from ..ops.inputs import Arg, make_factory
-from ..ops.spec import Case, ErrorInput, OpSpec, Sample
+from pytest_fla.api import Arg, Case, ErrorInput, OpSpec, Sample, make_factory
 from .common import INT64_DIMS, varlen_errors, with_args
 
 ARGS = {

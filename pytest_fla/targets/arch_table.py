@@ -1,9 +1,10 @@
-"""The GPU archs the kernels know, and what each allows: one table for ``kernels._arch``
-(configs per target) and for the plugin (arch targets, compile checks, emulation).
+"""The GPU archs the plugin targets, and the shared memory each allows: the limits that
+``--fla-arch`` targets are checked against (compile checks, emulation).
 
-Plain data, no imports beyond the standard library: the plugin loads this file by path
-(``pytest_fla.targets``) before torch or triton may be imported, without running
-``kernels/__init__.py``.
+Plain data, no imports beyond the standard library: ``pytest_fla.targets`` reads it before
+torch or triton may be imported. A kernel library chooses its configs from budgets of its
+own (this repo's: ``kernels/_arch.py``); the plugin holds them to these limits, so a budget
+the library got wrong fails a check instead of moving the limit with it.
 """
 
 from __future__ import annotations
@@ -49,12 +50,3 @@ def parse_known_arch(text: str) -> int:
         known = ", ".join(arch_name(a) for a in ALL_ARCHS)
         raise ValueError(f"unknown GPU arch {text!r}: expected native, all, or a list of {known}")
     return arch
-
-
-def shared_memory_limit(arch: int) -> int:
-    """Opt-in shared memory per block of ``arch``; an arch not in the table gets the
-    nearest older one's."""
-    if arch in SHARED_MEMORY_LIMIT:
-        return SHARED_MEMORY_LIMIT[arch]
-    older = [a for a in ALL_ARCHS if a <= arch]
-    return SHARED_MEMORY_LIMIT[older[-1] if older else ALL_ARCHS[0]]

@@ -15,11 +15,9 @@ from typing import Iterable
 
 import torch
 
-from ..ops.builders import LOW_PRECISION_STATES, huge_grid_dims, op_spec
-from ..ops.error_inputs import (dtype_errors, state_dtype_errors, varlen_errors, with_args, zero_heads_errors,
-                                zero_width_errors)
-from ..ops.inputs import Arg, make_factory
-from ..ops.spec import Case, ErrorInput, OpSpec, Sample
+from pytest_fla.api import (LOW_PRECISION_STATES, Arg, Case, ErrorInput, OpSpec, Sample, dtype_errors, huge_grid_dims,
+                            make_factory, op_spec, state_dtype_errors, varlen_errors, with_args, zero_heads_errors,
+                            zero_width_errors)
 
 TOKENS = ("B", "T", "H", "D")
 DEFAULT_WIDTH = 4
