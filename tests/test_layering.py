@@ -42,7 +42,7 @@ def test_the_library_imports_nothing_from_the_plugin(package):
 
 LIBRARY = ("kernels", "reference", "specs")
 # a dotted name or a path into one of LIBRARY, in a string the code uses (not in prose:
-# docstrings are left out): "kernels._utils", f"kernels.{name}", "kernels/arch_table.py"
+# docstrings are left out): "kernels._utils", f"kernels.{name}", "kernels/_arch.py"
 LIBRARY_NAME = re.compile(r"(?<![\w.])(?:kernels|reference|specs)(?:\.[A-Za-z_{]|/)")
 # calls that import a module named by a string
 IMPORTERS = ("import_module", "__import__", "find_spec", "spec_from_file_location")
@@ -98,7 +98,7 @@ def test_the_library_scan_sees_every_form_of_reach():
         "import kernels\nfrom reference.attention import attention\n"
         "def f(name):\n    import kernels._arch\n    return f'kernels.{name}'\n"
         "importlib.import_module('kernels')\nimportlib.util.find_spec('reference')\n"
-        "PATH = 'kernels/arch_table.py'\nFLAG = 'kernels._utils:POISON_ALLOCATIONS'\n"
+        "PATH = 'kernels/_arch.py'\nFLAG = 'kernels._utils:POISON_ALLOCATIONS'\n"
         "SCOPES = ('launches', 'kernels')\nimport kernelsx\nWORDS = 'the float64 reference. Then'\n"
     )
     lines = [line for line, _ in library_reaches(source)]
