@@ -31,6 +31,14 @@ lap "built $(cd "$WORK/wheels" && ls)"
 
 "$PY" -m venv "$WORK/venv"
 VPY=$WORK/venv/bin/python
+# torch as the same wheel's files hard-linked from this checkout's environment where it has
+# that torch (ci/share_torch.py; pip then finds it installed): torch is not what this checks,
+# and its unpacking was 30 s of the step. The plugin, pytest and the example still come
+# from pip into this environment alone.
+SRC_PY=${PYTHON:-$PWD/.venv/bin/python}
+if [ -x "$SRC_PY" ] && [ "$("$SRC_PY" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])' 2>/dev/null)" = 2.13.0 ]; then
+  "$SRC_PY" ci/share_torch.py "$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+fi
 "$VPY" "${PIP[@]}" torch==2.13.0 "triton==$TRITON" "$NUMPY" pytest pytest-xdist
 # the example with its test extra: pytest-fla from the wheel folder, nothing from this checkout
 cp -r examples/token_cumsum "$WORK/token_cumsum"
