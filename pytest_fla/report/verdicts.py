@@ -29,6 +29,7 @@ sanitizer report), :func:`from_message` decides from the message alone.
 from __future__ import annotations
 
 import re
+import sysconfig
 from pathlib import Path
 
 DEFECT, CONTRACT, REFUSED, ENVIRONMENT, HARNESS = "defect", "contract", "refused", "environment", "harness"
@@ -98,7 +99,13 @@ def faulted(exc: BaseException) -> bool:
 
 PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 # frames that raise on a library's behalf without being its code
-FOREIGN = ("_pytest", "pluggy", "/torch/", "/triton/", "/numpy/", "/python3.", "<")
+FOREIGN = ("_pytest", "pluggy", "/torch/", "/triton/", "/numpy/", "<")
+# Python's own modules; a library installed beside them (site-packages) is not one of them
+STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _foreign(path: str) -> bool:
+    return any(part in path for part in FOREIGN) or (path.startswith(STDLIB) and "-packages" not in path)
 
 
 def _raiser(excinfo, checks: tuple[str, ...] = ()) -> str:
@@ -109,7 +116,7 @@ def _raiser(excinfo, checks: tuple[str, ...] = ()) -> str:
         path = str(entry.path)
         if path.startswith(str(PLUGIN_ROOT)) or path in checks:
             return "plugin"
-        if not any(part in path for part in FOREIGN):
+        if not _foreign(path):
             return "library"
         if "/torch/" in path or "/triton/" in path:
             return "toolkit"

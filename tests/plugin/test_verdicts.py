@@ -201,6 +201,10 @@ TORCH = "/site-packages/torch/nn/functional.py"
     (RuntimeError("CUDA error: an illegal memory access was encountered"), [PLUGIN, LIBRARY, TORCH], "defect"),
     (NotImplementedError("backward is not implemented"), [PLUGIN, LIBRARY], "refused"),
     (ValueError("head dim must be at most 256"), [PLUGIN, LIBRARY], "refused"),
+    # a library installed in a virtual environment's site-packages is the library, not Python's own
+    (ValueError("head dim must be at most 256"),
+     [PLUGIN, f"{verdicts.STDLIB}/site-packages/somelib/ops.py"], "refused"),
+    (ValueError("invalid literal"), [PLUGIN, LIBRARY, f"{verdicts.STDLIB}/json/decoder.py"], "refused"),
     (TypeError("f() got an unexpected keyword argument 'cu_seqlens_cpu'"), [PLUGIN], "contract"),
     (RuntimeError("shape mismatch in a torch op"), [PLUGIN, LIBRARY, TORCH], "defect"),
     (KeyError("gk"), [PLUGIN, str(verdicts.PLUGIN_ROOT / "specs" / "peer.py")], "harness"),
