@@ -176,6 +176,8 @@ PY
     # each release's report kept outside $OUT: a call cut at its limit leaves the finished
     # releases for the next call on the same machine, which runs only the ones left
     keep=/tmp/fla-history-reports; mkdir -p "$keep"
+    # and the finished ones an earlier machine sent back, carried in .carry/history
+    cp -n .carry/history/report_*.json "$keep"/ 2>/dev/null || true
     timeout -s INT -k 20 "${FLA_HISTORY_TIMEOUT:-560}" python3 benchmarks/peer_history.py run --out "$keep" \
       --workers "${FLA_WORKERS:-16}" --timeout "${FLA_HISTORY_RELEASE_TIMEOUT:-400}" "$@" > "$LOGS/history.log" 2>&1
     echo "history exit $?" >> "$LOGS/history.log"

@@ -9,8 +9,12 @@ own, one release at a time, and runs ``tests/test_conformance.py`` and the peer'
 reproducers (``tests/peer/repro``) with ``--fla-impl=fla`` over it, each release's
 ``--fla-report`` kept as ``DIR/report_<release>.json``; a release whose finished report is
 already there is not run again, so a run cut by a device call's time limit goes on in the
-next call. Autotuning results are cached on disk (``TRITON_CACHE_AUTOTUNING``): the peer
-tunes each kernel and key once per release, not once per worker and child process. With
+next call. The peer's autotuned kernels run at their first config that runs
+(``--fla-autotune=first``: one compile per kernel and key instead of tens, and the same
+config in every run, so a verdict holds from one run to the next), and each worker is
+handed whole ops (``--fla-dist=op``), so an op's kernels compile on one worker, not on all.
+``--autotune tuned`` times every config instead (cached on disk,
+``TRITON_CACHE_AUTOTUNING``: once per release, not once per worker and child process). With
 no GPU the kernels run under Triton's interpreter (where the peer's ops run there at all:
 the matrix's ``environment`` verdicts say which do not).
 
@@ -70,7 +74,9 @@ def finished(report: Path) -> bool:
 def pytest_command(args, report: Path) -> list[str]:
     command = [sys.executable, "-m", "pytest", "tests/test_conformance.py", "tests/peer", "--fla-impl=fla",
                "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rN", "-m", args.markers,
-               f"--fla-report={report}", f"--fla-isolate={args.isolate}"]
+               f"--fla-report={report}", f"--fla-isolate={args.isolate}", f"--fla-autotune={args.autotune}"]
+    if args.workers:
+        command.append(f"--fla-dist={args.dist}")
     if args.ops:
         command.append(f"--fla-ops={args.ops}")
     if args.checks:
@@ -216,6 +222,11 @@ def main() -> int:
     r.add_argument("--markers", default=DEFAULT_MARKERS, help=f"the -m filter (default: {DEFAULT_MARKERS!r})")
     r.add_argument("--isolate", default="batch", help="--fla-isolate (default batch: a device fault fails its own test)")
     r.add_argument("--workers", type=int, default=0, help="xdist workers (default: none)")
+    r.add_argument("--autotune", default="first", choices=("first", "tuned"),
+                   help="--fla-autotune (default first: one config per kernel and key, the same in every run; "
+                   "tuned: the peer's own timing of every config, tens of compiles per kernel)")
+    r.add_argument("--dist", default="op", choices=("op", "test"),
+                   help="--fla-dist with --workers (default op: each op's kernels compiled and autotuned on one worker)")
     r.add_argument("--timeout", type=float, default=None, help="seconds for each release's run")
     r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     m = commands.add_parser("matrix", help="the matrix from a run's reports")

@@ -35,7 +35,7 @@ from .ops import registry
 from .report import time_split, verdicts
 from .running import distribute, fleet, gpu_memory
 from .running.devices import is_interpreter
-from .targets import interpreter, interpreter_autotune, interpreter_exp, interpreter_versions, toolchain
+from .targets import autotune, interpreter, interpreter_exp, interpreter_versions, toolchain
 from .fixtures import (  # noqa: F401 - fixtures are found as this plugin's attributes
     cu_seqlens,
     device_mismatch,
@@ -151,6 +151,23 @@ def pytest_addoption(parser):
         metavar="PATH",
         help="run the longest batches (or tests) first, timed by an earlier run's --fla-report: "
         "a run waits for its last batch, and a long one started last keeps it going alone",
+    )
+    group.addoption(
+        "--fla-autotune",
+        choices=autotune.CHOICES,
+        default=os.environ.get(autotune.ENV) or None,
+        help="how a library's @triton.autotune picks its config: tuned (Triton's own timing of every config, "
+        "the default on a GPU) or first (the first config that survives pruning and runs, none timed: one "
+        "compile per key where tuned compiles every config, and the same config in every run; always so under "
+        "the interpreter). pytest_fla/targets/autotune.py",
+    )
+    group.addoption(
+        "--fla-dist",
+        choices=distribute.DIST_CHOICES,
+        default="test",
+        help="with -n: what xdist hands a worker at a time: tests (test, xdist's own load scheduling) or whole "
+        "ops (op: an op's tests in one dtype, on one worker, so each kernel compiles and autotunes on one "
+        "worker rather than on every worker at once)",
     )
     group.addoption("--fla-ops", default=None, metavar="OPS", help="run only the tests of these ops (comma list)")
     group.addoption(
@@ -289,7 +306,7 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", interpreter.NUMPY_SCALAR_WARNING)
         interpreter.skip_repeated_patching()
         interpreter_exp.install()
-        interpreter_autotune.install()
+        autotune.install_untimed()
         interpreter_versions.install()
         interpreter_memcheck.install()
         if config.option.fla_bf16_emulated:
@@ -298,6 +315,11 @@ def pytest_configure(config):
             if not interpreter_bf16.install():
                 raise pytest.UsageError("--fla-bf16-emulated: this Triton's interpreter has not the shape "
                                         "pytest_fla/targets/interpreter_bf16.py patches (Triton 3.6 to 3.9 have it)")
+    if config.option.fla_autotune == "first" and not is_interpreter():
+        if not autotune.install_first_that_runs():
+            raise pytest.UsageError("--fla-autotune=first: this Triton's autotuner has not the shape "
+                                    "pytest_fla/targets/autotune.py patches (Triton 3.6 to 3.9 have it)")
+        os.environ[autotune.ENV] = "first"  # for the children (isolated tests, reproducers) this process starts
     if state.target is not None and state.target.mode == targets.EMULATED:
         from .targets.emulation import enforce_shared_memory_limit
 
@@ -344,6 +366,10 @@ def pytest_report_header(config):
                      "a report lands on the test that was running)")
     if state.isolate != "none":
         lines.append(f"fla isolation: one subprocess per {state.isolate}")
+    if config.option.fla_autotune == "first" and not is_interpreter():
+        lines.append("fla autotune: each autotuned kernel at its first config that runs, none timed (--fla-autotune=first)")
+    if config.option.fla_dist == "op" and distribute.xdist_loaded(config):
+        lines.append("fla dist: each xdist worker runs whole ops (an op's tests in one dtype) at a time (--fla-dist=op)")
     if config.option.fla_small_shapes:
         lines.append("fla shapes: every case at its small dims on a GPU too (--fla-small-shapes)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
@@ -369,10 +395,15 @@ def pytest_report_header(config):
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Under batch or module isolation, ``-n N`` hands each worker whole batches (unless a
-    ``--dist`` mode was chosen): a batch child then runs all of them."""
+    """With ``--fla-dist=op``, or under batch or module isolation, ``-n N`` hands each worker
+    whole ops or whole batches (unless a ``--dist`` mode was chosen): a worker then compiles
+    an op's kernels alone, a batch child runs all of its batch."""
     state = config.stash.get(RUN, None)
-    if state is None or state.isolate not in ("batch", "module") or config.getvalue("dist") != "load":
+    if state is None or config.getvalue("dist") != "load":
+        return None
+    if config.option.fla_dist == "op":
+        return distribute.batch_scheduler(config, log, "op")
+    if state.isolate not in ("batch", "module"):
         return None
     return distribute.batch_scheduler(config, log, state.isolate)
 

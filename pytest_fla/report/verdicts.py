@@ -133,6 +133,10 @@ def of_exception(excinfo, checks: tuple[str, ...] = ()) -> tuple[str, str]:
     exc, message = excinfo.value, str(excinfo.value)
     if isinstance(exc, ContractMismatch):
         return CONTRACT, "a rule of this repository's contract"
+    if isinstance(exc, ImportError):
+        # a module the library imports is not installed here (fla-core's einops, where a run
+        # installs the library alone): nothing said of its kernels
+        return ENVIRONMENT, f"a module the library imports is not installed: {message}"
     by_message = from_message(f"{type(exc).__name__}: {message}")
     if by_message is not None and by_message[0] in (DEFECT, ENVIRONMENT) and not isinstance(exc, AssertionError):
         return by_message  # a device fault, a refused launch, out of memory: whoever raised it

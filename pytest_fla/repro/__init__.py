@@ -215,11 +215,15 @@ def run_repro(path: str, expect: str) -> int:
     if is_interpreter():
         # what makes a valid kernel run under the interpreter, as in the suite's processes:
         # an autotuned kernel's first config, the fixes of each Triton's interpreter, a GPU's exp
-        from ..targets import interpreter_autotune, interpreter_exp, interpreter_versions
+        from ..targets import autotune, interpreter_exp, interpreter_versions
 
         interpreter_exp.install()
-        interpreter_autotune.install()
+        autotune.install_untimed()
         interpreter_versions.install()
+    elif os.environ.get("FLA_AUTOTUNE") == "first":  # the run's --fla-autotune=first, as in its tests
+        from ..targets import autotune
+
+        autotune.install_first_that_runs()
     sys.path.insert(0, str(Path(path).parent))
     try:
         runpy.run_path(path, run_name="__main__")

@@ -132,12 +132,33 @@ SMALL_BATCH = 8
 BATCH_SECONDS = 120.0
 
 
+DIST_CHOICES = ("test", "op")
+# test ids' dtype parameters: an op's kernels in one dtype are one set of compiles, shared by
+# every check of that op (forward, backward, varlen, ...), and nothing with another dtype's
+DTYPE_IDS = frozenset({"fp32", "bf16", "fp16", "fp64", "float32", "bfloat16", "float16", "float64"})
+
+
+def op_key(nodeid: str) -> str:
+    """The work unit ``--fla-dist=op`` hands a worker: the test's first parameter (the op, in
+    the conformance suite) and its dtype parameter, across test functions and modules; a test
+    without parameters goes with its module."""
+    path, _, rest = nodeid.partition("::")
+    _, bracket, params = rest.partition("[")
+    if not bracket:
+        return path
+    parts = params.rstrip("]").split("-")
+    dtype = next((part for part in parts[1:] if part in DTYPE_IDS), "")
+    return f"{parts[0]}[{dtype}]"
+
+
 def batch_keys(nodeids: list[str], granularity: str, seconds: dict[str, float] | None = None) -> dict[str, str]:
-    """nodeid -> the batch it runs in: its module (``module``), or its test function and
+    """nodeid -> the batch it runs in: its op and dtype (``op``: ``op_key``), its module (``module``), or its test function and
     first parameter, in runs of at most BATCH_LIMIT tests, small groups of one function
     merged across parameters in runs of at most SMALL_BATCH (``batch``); where ``seconds``
     records them (``recorded_seconds``), a run also ends before BATCH_SECONDS. Tests not
     recorded count nothing toward it."""
+    if granularity == "op":
+        return {nodeid: op_key(nodeid) for nodeid in nodeids}
     if granularity == "module":
         return {nodeid: nodeid.partition("::")[0] for nodeid in nodeids}
     groups: dict[str, list[str]] = {}

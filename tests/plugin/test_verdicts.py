@@ -209,6 +209,7 @@ TORCH = "/site-packages/torch/nn/functional.py"
     (RuntimeError("shape mismatch in a torch op"), [PLUGIN, LIBRARY, TORCH], "defect"),
     (KeyError("gk"), [PLUGIN, str(verdicts.PLUGIN_ROOT / "specs" / "peer.py")], "harness"),
     (RuntimeError("CUDA out of memory. Tried to allocate 4 GiB"), [PLUGIN, LIBRARY, TORCH], "environment"),
+    (ModuleNotFoundError("No module named 'einops'"), [PLUGIN, LIBRARY], "environment"),
     (type("InterpreterError", (RuntimeError,), {})("AttributeError(\"'int' object has no attribute 'to'\")"),
      [PLUGIN, LIBRARY, "/site-packages/triton/runtime/interpreter.py"], "environment"),
     (type("InterpreterError", (RuntimeError,), {})("OutOfBounds('_copy: read of 32 element(s) outside every tensor argument')"),
