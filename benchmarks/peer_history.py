@@ -8,8 +8,8 @@
 own, one release at a time, and runs ``tests/test_conformance.py`` and the peer's
 reproducers (``tests/peer/repro``) with ``--fla-impl=fla`` over it, each release's
 ``--fla-report`` kept as ``DIR/report_<release>.json``; a release whose finished report is
-already there is not run again, so a run cut by a device call's time limit goes on in the
-next call. The peer's autotuned kernels run at their first config that runs
+already there is not run again, and one cut by a device call's time limit goes on in the
+next call from where it was (its tests kept, but for its defects, which run again). The peer's autotuned kernels run at their first config that runs
 (``--fla-autotune=first``: one compile per kernel and key instead of tens, and the same
 config in every run, so a verdict holds from one run to the next), and each worker is
 handed whole ops (``--fla-dist=op``), so an op's kernels compile on one worker, not on all.
@@ -71,6 +71,36 @@ def finished(report: Path) -> bool:
         return False
 
 
+def kept_tests(report: Path) -> list[dict]:
+    """The tests of a cut run's report (not finished) that a resumed run does not run again:
+    every one but a defect. A defect is run again, so that a fix of the checks or verdicts
+    since (which only ever takes a failure out of ``defect``) reaches every finding."""
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return []
+    if data.get("finished"):
+        return []
+    return [test for test in data.get("tests", []) if test.get("verdict") != "defect"]
+
+
+def merge_into(report: Path, earlier: list[dict]) -> None:
+    """Put the ``earlier`` run's kept tests back into the resumed run's ``report``, and its
+    verdict counts over both."""
+    if not earlier:
+        return
+    try:
+        data = json.loads(report.read_text())
+    except (OSError, ValueError):
+        data = {"tests": [], "finished": False}
+    ran = {test["nodeid"] for test in data.get("tests", [])}
+    data["tests"] = [test for test in earlier if test["nodeid"] not in ran] + data.get("tests", [])
+    counts = Counter(test.get("verdict") or "unclassed" for test in data["tests"]
+                     if test["outcome"] == "failed" and test.get("op") is not None)
+    data["verdicts"] = dict(counts)
+    report.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def pytest_command(args, report: Path) -> list[str]:
     command = [sys.executable, "-m", "pytest", "tests/test_conformance.py", "tests/peer", "--fla-impl=fla",
                "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rN", "-m", args.markers,
@@ -101,6 +131,7 @@ def run(args) -> int:
         if finished(report):
             print(f"== fla-core {release}: done before ({report.name})")
             continue
+        earlier = kept_tests(report)
         site = Path(args.sites) / release
         install(found[release], site)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
@@ -108,13 +139,16 @@ def run(args) -> int:
         if not gpu:
             env["TRITON_INTERPRET"] = "1"
         start = time.monotonic()
-        with open(out / f"tests_{release}.log", "w") as log:
+        command = pytest_command(args, report) + [f"--deselect={test['nodeid']}" for test in earlier]
+        with open(out / f"tests_{release}.log", "a" if earlier else "w") as log:
             try:
-                code = subprocess.run(pytest_command(args, report), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                code = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       timeout=args.timeout).returncode
             except subprocess.TimeoutExpired:
                 code = "timed out"
-        print(f"== fla-core {release}: pytest exit {code} after {time.monotonic() - start:.0f} s")
+        merge_into(report, earlier)
+        print(f"== fla-core {release}: pytest exit {code} after {time.monotonic() - start:.0f} s"
+              + (f" ({len(earlier)} tests kept from an earlier cut run)" if earlier else ""))
     summary = matrix(out)
     for suffix, text in ((".md", summary["markdown"]), (".json", json.dumps(summary["data"], indent=1) + "\n")):
         (out / f"matrix{suffix}").write_text(text)

@@ -24,6 +24,7 @@ from ..ops.packings import Packing
 from .poison import poisoned
 from ..ops.spec import Case, OpSpec, Sample, coarsest, dtype_name, torch_dtype
 from .tolerance import assert_close, mismatch
+from .tolerance import failure as tolerance_failure
 from ..report import verdicts
 from ..report.verdicts import ContractMismatch
 
@@ -184,6 +185,7 @@ class Comparisons:
     def __init__(self, spec: OpSpec, sample: Sample):
         self.spec, self.sample = spec, sample
         self.failures: list[tuple[bool, str]] = []  # (by the ratchet alone, what it says)
+        self.found: list = []  # the tolerance.Mismatch of each
         self.made = 0
 
     def output(self, label: str, out, ref, dtype: str, kind: str = "forward", *, layout_of=None, shift=None):
@@ -203,6 +205,7 @@ class Comparisons:
             return
         where = "" if found.at is None else f"; {found.which} at {locate(found.at, layout, self._offsets(), shift)}"
         self.failures.append((found.by_ratchet, found.message + where))
+        self.found.append(found)
 
     def _offsets(self) -> list | None:
         cu = self.sample.kwargs.get("cu_seqlens")
@@ -211,7 +214,8 @@ class Comparisons:
     def check(self) -> None:
         if self.failures:
             ordered = [text for _, text in sorted(self.failures, key=lambda f: f[0])]
-            raise AssertionError("\n".join(ordered) + f"\n({len(ordered)} of {self.made} comparisons failed)")
+            raise tolerance_failure("\n".join(ordered) + f"\n({len(ordered)} of {self.made} comparisons failed)",
+                                    self.found)
 
 
 def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:

@@ -17,7 +17,12 @@ the same in quadrature, so correct bf16/fp16 kernels land at one to three ``u``;
 thresholds sit at about four ``u`` for outputs and eight ``u`` for gradients, whose
 cumulative-sum structure (gate gradients are reverse cumsums of products) adds error.
 fp32 kernels must use ``ieee`` or ``tf32x3`` products: plain tf32 (``u = 2^-11``,
-relative errors near ``3e-4``) fails the fp32 threshold, which is the point.
+relative errors near ``3e-4``) fails the fp32 threshold, which is the point. It is this
+repository's contract, though, not every library's: one that computes fp32 at tf32 in its
+dots by design (the peer library's chunked kernels) is not wrong, it promises less. tf32
+keeps fp16's 10-bit significand, so an fp32 failure whose every error is within the fp16
+limits is what tf32 products give (``within_tf32``), and the failure is a contract verdict
+(``ContractMismatch``); one past the fp16 limits is wrong at any product precision.
 
 The thresholds were then checked against measured errors of the kernels in this repo:
 ``FLA_RECORD_ERRORS=path.jsonl`` makes every comparison append its measured errors, and
@@ -43,6 +48,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from ..report.verdicts import ContractMismatch
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,8 @@ RATCHET_FP32_FLOOR = 8 * UNIT_ROUNDOFF["fp32"]
 # Two kernels computing the same function (chunk vs fused_recurrent) may each sit at the
 # threshold on opposite sides, so they are compared with twice the forward budget.
 AGREEMENT = {k: Tolerance(2 * t.rel_rms, 2 * t.max_abs) for k, t in FORWARD.items()}
+# what an fp32 result computed with tf32 products may reach: fp16's limits (the same significand)
+TF32_LIMITS = {"forward": FORWARD["fp16"], "backward": BACKWARD["fp16"], "agreement": AGREEMENT["fp16"]}
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -168,6 +177,7 @@ class Mismatch:
     at: tuple[int, ...] | None = None
     which: str = "worst element"
     by_ratchet: bool = False  # within the limits, past the recorded errors
+    within_tf32: bool = False  # fp32, past its limits, within fp16's: what tf32 products give
 
 
 def mismatch(name: str, out, ref, dtype: str, kind: str = "forward", scale=None) -> Mismatch | None:
@@ -199,8 +209,12 @@ def mismatch(name: str, out, ref, dtype: str, kind: str = "forward", scale=None)
     if out64.numel():
         worst = tuple(int(i) for i in torch.unravel_index(torch.argmax((out64 - ref64).abs()), out64.shape))
     if not (rel <= tol.rel_rms and rel_max <= tol.max_abs):
+        tf32 = TF32_LIMITS[kind] if dtype == "fp32" else None
+        within_tf32 = tf32 is not None and rel <= tf32.rel_rms and rel_max <= tf32.max_abs
         return Mismatch(f"{name} ({dtype}, {kind}): relative RMS error {rel:.3e} (limit {tol.rel_rms:.1e}), "
-                        f"max abs error {rel_max:.3e} x max|ref| (limit {tol.max_abs:.1e})", worst)
+                        f"max abs error {rel_max:.3e} x max|ref| (limit {tol.max_abs:.1e})"
+                        + ("; within the fp16 limits, as tf32 products give" if within_tf32 else ""),
+                        worst, within_tf32=within_tf32)
     ratchet = _ratchet(name, dtype, kind, rel, rel_max)
     return None if ratchet is None else Mismatch(ratchet, worst, by_ratchet=True)
 
@@ -210,4 +224,16 @@ def assert_close(name: str, out, ref, dtype: str, kind: str = "forward", scale=N
     found = mismatch(name, out, ref, dtype, kind, scale)
     if found is not None:
         where = "" if found.at is None else f" ({found.which} at index {found.at})"
-        raise AssertionError(found.message + where)
+        raise failure(found.message + where, [found])
+
+
+TF32_NOTE = ("every comparison that failed is within the fp16 limits: fp32 computed with tf32 products "
+             "(fp16's 10-bit significand); fp32 to fp32 precision is this repository's contract")
+
+
+def failure(message: str, found: list[Mismatch]) -> AssertionError:
+    """The error for failed comparisons ``found``: a contract mismatch where each is fp32
+    within the fp16 limits (tf32 products, the rule above), else an assertion error."""
+    if found and all(f.within_tf32 for f in found):
+        return ContractMismatch(f"{message}\n({TF32_NOTE})")
+    return AssertionError(message)

@@ -149,6 +149,10 @@ def of_exception(excinfo, checks: tuple[str, ...] = ()) -> tuple[str, str]:
         return by_message
     if _is(exc, ("NotImplementedError",)):
         return REFUSED, "NotImplementedError raised by the library"
+    if isinstance(exc, RuntimeError) and "does not require grad and does not have a grad_fn" in message:
+        # the op's outputs left the autograd graph (fla-core 0.6.0's fused_recurrent_kda):
+        # it has no backward, and says so at the first backward call, not with a wrong gradient
+        return REFUSED, "the op has no backward: its outputs carry no grad_fn"
     if raiser == "library" and _is(exc, ("ValueError", "AssertionError", "RuntimeError")) and message.strip():
         return REFUSED, f"{type(exc).__name__} raised by the library's own code"
     if raiser == "plugin":

@@ -210,6 +210,8 @@ TORCH = "/site-packages/torch/nn/functional.py"
     (KeyError("gk"), [PLUGIN, str(verdicts.PLUGIN_ROOT / "specs" / "peer.py")], "harness"),
     (RuntimeError("CUDA out of memory. Tried to allocate 4 GiB"), [PLUGIN, LIBRARY, TORCH], "environment"),
     (ModuleNotFoundError("No module named 'einops'"), [PLUGIN, LIBRARY], "environment"),
+    (RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn"),
+     [PLUGIN, "/site-packages/torch/autograd/__init__.py"], "refused"),
     (type("InterpreterError", (RuntimeError,), {})("AttributeError(\"'int' object has no attribute 'to'\")"),
      [PLUGIN, LIBRARY, "/site-packages/triton/runtime/interpreter.py"], "environment"),
     (type("InterpreterError", (RuntimeError,), {})("OutOfBounds('_copy: read of 32 element(s) outside every tensor argument')"),
@@ -230,3 +232,25 @@ def test_the_verdict_of_an_exception(exc, paths, expected):
 ])
 def test_the_verdict_of_a_message_alone(message, expected):
     assert verdicts.from_message(message)[0] == expected
+
+
+def test_fp32_at_tf32_precision_is_a_contract_failure_and_past_fp16_a_defect():
+    """An fp32 result with tf32 products (fp16's significand) fails the fp32 limits and
+    stays within fp16's: the peer library's chunked kernels by design, a rule of this
+    repository's contract. Past the fp16 limits it is wrong at any product precision."""
+    import torch
+
+    from pytest_fla.checks.tolerance import assert_close
+
+    ref = torch.randn(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for rel, expected in ((3e-4, verdicts.ContractMismatch), (3e-2, AssertionError)):
+        noise = torch.randn(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        out = (ref + rel * noise * ref.norm() / noise.norm()).float()
+        with pytest.raises(AssertionError) as raised:
+            assert_close("o", out, ref, "fp32")
+        assert type(raised.value) is expected, raised.value
+        verdict = verdicts.of_exception(_Info(raised.value, [PLUGIN]))[0]
+        assert verdict == ("contract" if expected is verdicts.ContractMismatch else "defect")
+    with pytest.raises(AssertionError) as raised:  # bf16 at the same error: no such excuse
+        assert_close("o", (ref * (1 + 0.1 * torch.sign(ref))).to(torch.bfloat16), ref, "bf16")
+    assert type(raised.value) is AssertionError

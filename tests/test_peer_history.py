@@ -1,0 +1,40 @@
+"""benchmarks/peer_history.py: a release's run cut by a device call's limit goes on from
+where it was, and the merged report holds every test once, its defects run again."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("peer_history", ROOT / "benchmarks" / "peer_history.py")
+peer_history = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(peer_history)
+
+
+def _test(nodeid, outcome, verdict=None, op="chunk_gla"):
+    return {"nodeid": nodeid, "op": op, "check": "forward", "outcome": outcome, "verdict": verdict, "reason": ""}
+
+
+def test_a_cut_run_keeps_its_tests_but_its_defects_and_a_resumed_run_merges(tmp_path):
+    report = tmp_path / "report_0.6.0.json"
+    cut = [_test("t::a", "passed"), _test("t::b", "failed", "contract"), _test("t::c", "failed", "defect"),
+           _test("t::d", "skipped")]
+    report.write_text(json.dumps({"tests": cut, "finished": False}))
+    kept = peer_history.kept_tests(report)
+    assert [t["nodeid"] for t in kept] == ["t::a", "t::b", "t::d"]  # the defect runs again
+    # the resumed run: the defect again (now contract, after a fix of the checks) and the rest
+    report.write_text(json.dumps({"tests": [_test("t::c", "failed", "contract"), _test("t::e", "failed", "defect")],
+                                  "finished": True}))
+    peer_history.merge_into(report, kept)
+    merged = json.loads(report.read_text())
+    assert sorted(t["nodeid"] for t in merged["tests"]) == ["t::a", "t::b", "t::c", "t::d", "t::e"]
+    assert merged["finished"] and merged["verdicts"] == {"contract": 2, "defect": 1}
+
+
+def test_a_finished_report_keeps_nothing_to_resume(tmp_path):
+    report = tmp_path / "report_0.6.0.json"
+    report.write_text(json.dumps({"tests": [_test("t::a", "passed")], "finished": True}))
+    assert peer_history.kept_tests(report) == []
+    assert peer_history.kept_tests(tmp_path / "missing.json") == []
