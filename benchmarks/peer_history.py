@@ -65,23 +65,41 @@ def install(wheel: Path, target: Path) -> None:
 
 
 def finished(report: Path) -> bool:
+    """The release's run ended, and ran every test (none left after a device fault)."""
     try:
-        return bool(json.loads(report.read_text()).get("finished"))
+        data = json.loads(report.read_text())
     except (OSError, ValueError):
         return False
+    return bool(data.get("finished")) and not any(_not_run(test) for test in data.get("tests", []))
 
 
 def kept_tests(report: Path) -> list[dict]:
     """The tests of a cut run's report (not finished) that a resumed run does not run again:
-    every one but a defect. A defect is run again, so that a fix of the checks or verdicts
-    since (which only ever takes a failure out of ``defect``) reaches every finding."""
+    every one but a defect other than a device fault (run again, so that a fix of the checks
+    or verdicts since, which only ever takes a failure out of ``defect``, reaches every
+    finding) and a test not run after a device fault in its process."""
     try:
         data = json.loads(report.read_text())
     except (OSError, ValueError):
         return []
-    if data.get("finished"):
+    if data.get("finished") and not any(_not_run(test) for test in data.get("tests", [])):
         return []
-    return [test for test in data.get("tests", []) if test.get("verdict") != "defect"]
+    return [test for test in data.get("tests", []) if not _run_again(test)]
+
+
+# the reason fault_guard gives the tests it did not run after a device fault (its SKIP_REASON)
+FAULT_SKIP = "CUDA context was lost to a device fault in"
+
+
+def _not_run(test: dict) -> bool:
+    return test["outcome"] == "skipped" and FAULT_SKIP in (test.get("reason") or "")
+
+
+def _run_again(test: dict) -> bool:
+    if test["outcome"] == "skipped":
+        return _not_run(test)
+    # a device fault is the library's whatever the checks: run again, it would fault again
+    return test.get("verdict") == "defect" and test.get("verdict_why") != "device fault"
 
 
 def merge_into(report: Path, earlier: list[dict]) -> None:
@@ -200,7 +218,8 @@ def matrix(out: Path) -> dict:
                     cell["defects"][test["check"]].append({"test": test["nodeid"].split("::")[-1],
                                                            "why": test.get("verdict_why"), "reason": test["reason"]})
         data[release] = {
-            "finished": report.get("finished", False),
+            "finished": report.get("finished", False) and not any(_not_run(t) for t in report["tests"]),
+            "not_run_after_fault": sum(_not_run(t) for t in report["tests"]),
             "totals": dict(Counter(t["outcome"] for t in report["tests"])),
             "verdicts": report.get("verdicts", {}),
             "ops": {op: {"absent": c["absent"] == c["tests"], "tests": c["tests"], "verdicts": dict(c["verdicts"]),
@@ -220,6 +239,13 @@ def cell_text(cell: dict | None) -> str:
     return "**" + ", ".join(f"{check} {len(found)}" for check, found in sorted(cell["defects"].items())) + "**"
 
 
+def finished_text(row: dict) -> str:
+    if row["finished"]:
+        return "yes"
+    left = row.get("not_run_after_fault", 0)
+    return f"no ({left} not run after a device fault)" if left else "no"
+
+
 def markdown(data: dict, ops: list) -> str:
     releases = list(data)
     out = ["Defects (the checks that found them, and how many tests) per fla-core release and op; "
@@ -233,7 +259,7 @@ def markdown(data: dict, ops: list) -> str:
         t, v = row["totals"], row["verdicts"]
         out.append(f"| {release} | {t.get('passed', 0)} | {t.get('failed', 0)} | {t.get('skipped', 0)} | "
                    + " | ".join(str(v.get(k, 0)) for k in ("defect", "contract", "refused", "environment", "harness", "unclassed"))
-                   + f" | {'yes' if row['finished'] else 'no'} |")
+                   + f" | {finished_text(row)} |")
     out += ["", "First defect of each (release, op, check):", ""]
     for release, row in data.items():
         for op, cell in sorted(row["ops"].items()):
@@ -254,7 +280,10 @@ def main() -> int:
     r.add_argument("--ops", help="--fla-ops for every release (default: all the release has)")
     r.add_argument("--checks", help="comma-separated checks, e.g. forward,backward,varlen (default: all)")
     r.add_argument("--markers", default=DEFAULT_MARKERS, help=f"the -m filter (default: {DEFAULT_MARKERS!r})")
-    r.add_argument("--isolate", default="batch", help="--fla-isolate (default batch: a device fault fails its own test)")
+    r.add_argument("--isolate", default="none",
+                   help="--fla-isolate (default none: a device fault fails its own test and the tests after it in "
+                   "its worker are skipped, run again by the next call; batch isolation's start-ups took 40%% of "
+                   "a release's process time on an H200)")
     r.add_argument("--workers", type=int, default=0, help="xdist workers (default: none)")
     r.add_argument("--autotune", default="first", choices=("first", "tuned"),
                    help="--fla-autotune (default first: one config per kernel and key, the same in every run; "

@@ -301,6 +301,10 @@ def pytest_configure(config):
         from .running.isolation import ChildReporter
 
         config.pluginmanager.register(ChildReporter(config, config.option.fla_child), "fla-child")
+    if role != "child" and state.isolate == "none":
+        from .running.fault_guard import FaultGuard
+
+        config.pluginmanager.register(FaultGuard(), "fla-fault-guard")
     config.stash[repro.SANITIZER_TOOLS] = state.tools
     if is_interpreter():
         config.addinivalue_line("filterwarnings", interpreter.NUMPY_SCALAR_WARNING)

@@ -38,3 +38,13 @@ def test_a_finished_report_keeps_nothing_to_resume(tmp_path):
     report.write_text(json.dumps({"tests": [_test("t::a", "passed")], "finished": True}))
     assert peer_history.kept_tests(report) == []
     assert peer_history.kept_tests(tmp_path / "missing.json") == []
+
+
+def test_tests_skipped_after_a_device_fault_run_again_and_a_device_fault_does_not(tmp_path):
+    report = tmp_path / "report_0.6.0.json"
+    fault = dict(_test("t::f", "failed", "defect"), verdict_why="device fault")
+    skipped = dict(_test("t::s", "skipped"), reason="not run: this process's CUDA context was lost to a device "
+                   "fault in t::f (--fla-isolate=batch runs each batch in a fresh process)")
+    report.write_text(json.dumps({"tests": [fault, skipped, _test("t::a", "passed")], "finished": True}))
+    assert not peer_history.finished(report)  # ended, but not every test ran
+    assert [t["nodeid"] for t in peer_history.kept_tests(report)] == ["t::f", "t::a"]
