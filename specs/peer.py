@@ -321,10 +321,26 @@ def peer_specs(specs=None) -> list:
         from . import all_specs
 
         specs = all_specs()
+    cpu_device_context()
     peers = [p for p in (peer_spec(s) for s in specs) if p is not None]
     names = {p.name for p in peers}
     return [p if p.agrees_with in names or p.agrees_with is None else dataclasses.replace(p, agrees_with=None)
             for p in peers]
+
+
+def cpu_device_context() -> None:
+    """fla-core up to 0.5.0 enters ``torch.<device type>.device(index)`` around each call;
+    for CPU tensors that is ``torch.cpu.device``, which torch does not have, and every call
+    failed on the CPU before any kernel ran ("module 'torch.cpu' has no attribute 'device'").
+    The CPU has one device and nothing to switch: a context that does nothing is what one
+    would do, and the call's kernels then run under the interpreter unchanged (0.4.2 and
+    0.5.0's fused and module ops; 0.3.2 to 0.4.1's kernels the interpreter cannot run)."""
+    import contextlib
+
+    import torch
+
+    if not hasattr(torch.cpu, "device"):
+        torch.cpu.device = lambda index=None: contextlib.nullcontext()
 
 
 def passed_arguments(spec, adapter: Adapter) -> set[str]:

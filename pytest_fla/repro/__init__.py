@@ -156,6 +156,8 @@ class ReproItem(pytest.Item):
         if self.config.getoption("fla_blocking"):
             env["CUDA_LAUNCH_BLOCKING"] = "1"
         run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=self.path.parent)
+        if run.returncode == EXIT_CANNOT_RUN:
+            pytest.skip(run.stdout.strip().splitlines()[-1])
         if run.returncode != 0:
             raise ReproFailed(self._describe(run, "does not behave as its header expects"))
         tools = self.config.stash.get(SANITIZER_TOOLS, [])
@@ -201,6 +203,23 @@ def is_repro_file(file_path: Path) -> bool:
     )
 
 
+# A reproducer whose kernels Triton's CPU interpreter cannot run (a construct it lacks, or no
+# driver where the code asks for the GPU's) shows nothing of its defect here: a skip, saying so
+CANNOT_RUN = "Triton's CPU interpreter cannot run this reproducer's kernels (a GPU can)"
+EXIT_CANNOT_RUN = 4
+
+
+def interpreter_cannot_run(raised: BaseException) -> bool:
+    """An error of the interpreter itself, not a kernel's access out of bounds (its memcheck)
+    nor the reproducer's own assertion."""
+    from ..report.verdicts import faulted
+
+    if faulted(raised) or isinstance(raised, AssertionError):
+        return False
+    names = {cls.__name__ for cls in type(raised).__mro__}
+    return "InterpreterError" in names or "active drivers" in str(raised)
+
+
 def run_repro(path: str, expect: str) -> int:
     """Run a reproducer's code in this process and compare what happens with ``expect``.
 
@@ -237,6 +256,9 @@ def run_repro(path: str, expect: str) -> int:
     if fault:
         print(f"the device faulted: {fault}")
         return 1
+    if raised is not None and is_interpreter() and interpreter_cannot_run(raised):
+        print(f"{CANNOT_RUN}: {type(raised).__name__}: {str(raised).strip().splitlines()[0][:300]}")
+        return EXIT_CANNOT_RUN
     if match.group("exc") is None:
         if raised is not None:
             traceback.print_exception(raised)

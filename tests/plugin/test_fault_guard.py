@@ -46,3 +46,25 @@ def test_a_fault_fails_its_test_and_skips_the_rest(pytester):
     # -rs folds the two identical skips into one line: [2]
     assert re.search(r"SKIPPED \[2\] .*not run: this process's CUDA context was lost to a device fault in "
                      r"test_faults.py::test_faults_without_noticing", out), out
+
+
+def test_device_fault_reads_a_lost_context_and_nothing_without_a_device(monkeypatch):
+    """A CUDA error at the synchronize is the fault's text; a process with no device (one whose
+    test fakes an initialized CUDA, as test_gpu_memory does) has no context to lose."""
+    import torch
+
+    from pytest_fla.running.isolation import device_fault
+
+    def lost():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    # undone before the test ends: the plugin's own teardown must see this machine as it is
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_initialized", lambda: True)
+        patch.setattr(torch.cuda, "synchronize", lost)
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        assert device_fault() is None
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        assert device_fault() == "CUDA error: an illegal memory access was encountered"
+        patch.setattr(torch.cuda, "synchronize", lambda: None)
+        assert device_fault() is None

@@ -71,9 +71,13 @@ def test_a_repro_directory_runs_as_tests(pytester):
     write(repro_dir, "raise ValueError('`x` must be positive')\n", expect="raises ValueError: must be positive", name="clear_error.py")
     write(repro_dir, "raise RuntimeError('illegal memory access')\n", name="still_broken.py")
     write(repro_dir, "x = 1\n", needs="gpu", name="gpu_only.py")
+    # what Triton's interpreter raises for a construct it lacks: nothing shown of the defect here
+    write(repro_dir, "class InterpreterError(RuntimeError): pass\nraise InterpreterError(\"ValueError('_semantic')\")\n",
+          name="interpreter_lacks.py")
     result = run(pytester, "-v", "-rs")
-    result.assert_outcomes(passed=2, failed=1, skipped=1)
+    result.assert_outcomes(passed=2, failed=1, skipped=2)
     out = result.stdout.str()
+    assert "Triton's CPU interpreter cannot run this reproducer's kernels (a GPU can): InterpreterError" in out
     assert "repro/still_broken.py::still_broken FAILED" in out
     assert "RuntimeError: illegal memory access" in out
     assert "needs a GPU" in out
