@@ -63,7 +63,7 @@ def test_op_keys_group_an_op_in_one_dtype_across_checks():
     assert op_key("tests/test_conformance.py::test_forward[chunk_gla-fp32-strong_decay]") == "chunk_gla[fp32]"
     assert op_key("tests/test_conformance.py::test_forward[chunk_gla-bf16-strong_decay]") == "chunk_gla[bf16]"
     assert op_key("tests/test_conformance.py::test_huge_grid[chunk_gla]") == "chunk_gla[]"
-    assert op_key("tests/peer/repro/fla_conv.py::test_repro") == "tests/peer/repro/fla_conv.py"
+    assert op_key("tests/peer/repro/fla_causal_conv1d_dx_short_sequence.py::test_repro") == "tests/peer/repro/fla_causal_conv1d_dx_short_sequence.py"
 
 
 OPS_PROJECT = '''
