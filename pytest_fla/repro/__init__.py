@@ -233,9 +233,12 @@ def run_repro(path: str, expect: str) -> int:
 
     if is_interpreter():
         # what makes a valid kernel run under the interpreter, as in the suite's processes:
-        # an autotuned kernel's first config, the fixes of each Triton's interpreter, a GPU's exp
+        # an autotuned kernel's first config, the fixes of each Triton's interpreter, a GPU's exp,
+        # and the bounds check of every access (a read past a tensor that no value shows fails here too)
+        from ..sanitizer import interpreter as interpreter_memcheck
         from ..targets import autotune, interpreter_exp, interpreter_versions
 
+        interpreter_memcheck.install()
         interpreter_exp.install()
         autotune.install_untimed()
         interpreter_versions.install()

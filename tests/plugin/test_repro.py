@@ -81,3 +81,29 @@ def test_a_repro_directory_runs_as_tests(pytester):
     assert "repro/still_broken.py::still_broken FAILED" in out
     assert "RuntimeError: illegal memory access" in out
     assert "needs a GPU" in out
+
+
+PAST_THE_END = """
+import torch, triton, triton.language as tl
+
+@triton.jit
+def copy_padded(x, y, N: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    values = tl.load(x + offs)  # no mask: the block's padding is read past the end of x
+    tl.store(y + offs, values, mask=offs < N)
+
+x = torch.arange(6, dtype=torch.float32)
+y = torch.empty_like(x)
+copy_padded[(1,)](x, y, N=6, BLOCK={block})
+assert torch.equal(x[:4], y[:4])  # the values right either way: only a bounds check sees the read
+"""
+
+
+@cpu_only
+@pytest.mark.parametrize("block,ok", [(8, False), (4, True)], ids=["reads_past_the_end", "in_bounds"])
+def test_a_read_past_a_tensor_that_changes_no_value_fails_a_reproducer_under_the_interpreter(tmp_path, block, ok):
+    # block 4 copies the first four values; block 8 all six, reading two past the tensor's end
+    result = run_repro(write(tmp_path, PAST_THE_END.format(block=block)), "pass")
+    assert (result.returncode == 0) == ok, result.stdout + result.stderr
+    if not ok:
+        assert "OutOfBounds" in result.stdout + result.stderr and "past the end of `x`" in result.stdout + result.stderr
