@@ -231,17 +231,10 @@ def run_repro(path: str, expect: str) -> int:
         return 2
     import runpy
 
-    if is_interpreter():
-        # what makes a valid kernel run under the interpreter, as in the suite's processes:
-        # an autotuned kernel's first config, the fixes of each Triton's interpreter, a GPU's exp,
-        # and the bounds check of every access (a read past a tensor that no value shows fails here too)
-        from ..sanitizer import interpreter as interpreter_memcheck
-        from ..targets import autotune, interpreter_exp, interpreter_versions
+    if is_interpreter():  # as in the suite's processes
+        from ..targets import interpreter
 
-        interpreter_memcheck.install()
-        interpreter_exp.install()
-        autotune.install_untimed()
-        interpreter_versions.install()
+        interpreter.install_process_fixes()
     elif os.environ.get("FLA_AUTOTUNE") == "first":  # the run's --fla-autotune=first, as in its tests
         from ..targets import autotune
 

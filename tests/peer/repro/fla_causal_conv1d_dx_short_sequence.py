@@ -4,7 +4,7 @@
 # op: causal_conv1d
 # needs: device
 # requires: fla-core
-# found-in: 0.4.2, 0.5.0, 0.5.1, 0.5.2 (under the CPU interpreter; 0.3.2 to 0.4.1 do not run there: not measured)
+# found-in: 0.3.2 to 0.5.2 (this file on an H200, each release; 0.4.2 to 0.5.2 under the CPU interpreter too)
 # fixed-in: 0.6.0
 """fla-core's causal_conv1d with a sequence shorter than its window less one (T = 1,
 W = 3), an initial state and the final state asked for: the gradients that flow back

@@ -4,8 +4,8 @@
 # op: fused_recurrent_kda
 # needs: device
 # requires: fla-core>=0.4.0
-# found-in: 0.4.2, 0.5.0, 0.5.1, 0.5.2 (under the CPU interpreter's bounds check; 0.4.0 and 0.4.1 do not run there: not measured)
-# fixed-in: 0.6.0
+# found-in: 0.4.2 to 0.5.2 (under the CPU interpreter's bounds check; on an H200 under --fla-sanitizer=memcheck, 0.5.2: 8 invalid 4-byte reads past a 96-byte allocation; 0.4.0 and 0.4.1 not measured)
+# fixed-in: 0.6.0 (the interpreter, and memcheck on an H200)
 """fla-core's fused_recurrent_kda forward reads `g` past its end when K is not a power of
 two: the key block is K rounded up, and the gate's load of the last token's last head takes
 the block's padding from past the tensor. The output is right (the padding meets zeros), so

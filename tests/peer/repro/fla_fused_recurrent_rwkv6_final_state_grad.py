@@ -4,7 +4,7 @@
 # op: fused_recurrent_rwkv6
 # needs: device
 # requires: fla-core
-# found-in: 0.4.2, 0.5.0, 0.5.1, 0.5.2, 0.6.0 (under the CPU interpreter; 0.3.2 to 0.4.1 do not run there: not measured)
+# found-in: 0.3.2 to 0.6.0 (this file on an H200, each release; 0.4.2 to 0.6.0 under the CPU interpreter too)
 # fixed-in: none (0.6.0, the newest release, has it)
 """fla-core's fused_recurrent_rwkv6 drops the gradient that flows back through the final
 state: with the output's gradient zero and the final state's not, every input gradient
