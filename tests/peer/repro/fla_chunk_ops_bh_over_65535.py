@@ -4,7 +4,7 @@
 # op: chunk_gla
 # needs: gpu
 # requires: fla-core
-# found-in: 0.3.2 to 0.6.0, every op here (chunk_kda from 0.4.0, its first release), on an H200; measured by the same calls run one op a process (this file itself has not yet run on a GPU)
+# found-in: 0.3.2 to 0.6.0, every op here (chunk_kda from 0.4.0, its first release), on an H200: this file on 0.3.2 and 0.6.0, its calls one op a process on every release
 # fixed-in: none (0.6.0, the newest release, has it)
 """fla-core's chunked ops and parallel_attn with B * H = 10923 * 6 = 65538: each puts the
 batch and heads on a grid axis that CUDA caps at 65535, and the launch fails ("Triton Error
