@@ -308,7 +308,7 @@ def pytest_configure(config):
     config.stash[repro.SANITIZER_TOOLS] = state.tools
     if is_interpreter():
         config.addinivalue_line("filterwarnings", interpreter.NUMPY_SCALAR_WARNING)
-        interpreter.install_process_fixes()
+        interpreter_memcheck.install_process_fixes()
         if config.option.fla_bf16_emulated:
             from .targets import interpreter_bf16
 

@@ -232,9 +232,9 @@ def run_repro(path: str, expect: str) -> int:
     import runpy
 
     if is_interpreter():  # as in the suite's processes
-        from ..targets import interpreter
+        from ..sanitizer import interpreter as interpreter_memcheck
 
-        interpreter.install_process_fixes()
+        interpreter_memcheck.install_process_fixes()
     elif os.environ.get("FLA_AUTOTUNE") == "first":  # the run's --fla-autotune=first, as in its tests
         from ..targets import autotune
 

@@ -368,3 +368,18 @@ def install() -> bool:
     executor._init_args_hst, executor.__call__ = init_args_checked, call_checked
     executor.fla_memcheck = True
     return True
+
+
+def install_process_fixes() -> None:
+    """What makes a valid kernel run under the interpreter, installed alike in every process
+    that runs kernels there (a test process, a reproducer's child): the fixes of
+    ``pytest_fla.targets`` (launches that skip repeated patching, a GPU's exp, each autotuned
+    kernel at its first config, the fixes of each Triton's interpreter), then this module's
+    check of every access (a read past a tensor that changes no value fails too)."""
+    from ..targets import autotune, interpreter, interpreter_exp, interpreter_versions
+
+    interpreter.skip_repeated_patching()
+    interpreter_exp.install()
+    autotune.install_untimed()
+    interpreter_versions.install()
+    install()

@@ -82,17 +82,3 @@ def skip_repeated_patching() -> bool:
     executor.__call__ = launch_tracked
     return True
 
-
-def install_process_fixes() -> None:
-    """What makes a valid kernel run under the interpreter, installed alike in every process
-    that runs kernels there (a test process, a reproducer's child): the shortcut above, a GPU's
-    exp, each autotuned kernel at its first config, the fixes of each Triton's interpreter, and
-    the bounds check of every access (a read past a tensor that changes no value fails too)."""
-    from ..sanitizer import interpreter as interpreter_memcheck
-    from . import autotune, interpreter_exp, interpreter_versions
-
-    skip_repeated_patching()
-    interpreter_exp.install()
-    autotune.install_untimed()
-    interpreter_versions.install()
-    interpreter_memcheck.install()
