@@ -211,11 +211,12 @@ class Comparisons:
         cu = self.sample.kwargs.get("cu_seqlens")
         return cu.tolist() if isinstance(cu, torch.Tensor) and cu.device.type != "meta" else None
 
-    def check(self) -> None:
+    def check(self, after: str = "") -> None:
+        """Fail with every failed comparison; ``after``, a line of the caller's that follows them."""
         if self.failures:
             ordered = [text for _, text in sorted(self.failures, key=lambda f: f[0])]
-            raise tolerance_failure("\n".join(ordered) + f"\n({len(ordered)} of {self.made} comparisons failed)",
-                                    self.found)
+            raise tolerance_failure("\n".join(ordered) + f"\n({len(ordered)} of {self.made} comparisons failed)"
+                                    + (f"\n{after}" if after else ""), self.found)
 
 
 def check_forward(spec: OpSpec, case: Case, dtype: str, device, seed: int) -> None:
@@ -346,7 +347,30 @@ def check_agreement(spec: OpSpec, other: OpSpec, case: Case, dtype: str, device,
                         "agreement")
     for name in names:
         compared.grad(f"{spec.name} vs {other.name}: d{name}", name, grads[name], grads2[name].double(), dtype)
-    compared.check()
+    if compared.failures:
+        compared.check(after=agreement_culprit(spec, other, sample, names, upstream, dtype,
+                                               {spec.name: (out, grads), other.name: (out2, grads2)}))
+
+
+def agreement_culprit(spec: OpSpec, other: OpSpec, sample: Sample, names, upstream, dtype: str, results: dict) -> str:
+    """Which of two kernels that disagree is off the float64 reference, each held to its own
+    check's tolerances (``check_backward``'s): a disagreement says only that one of them is
+    wrong, and the report counts it against the op whose check it is."""
+    ref_out, ref_grads, _ = run_with_grads(spec.reference_for(dtype), sample, names, upstream, upcast=True)
+    masses = token_masses(spec, sample, names, upstream, dtype)
+    off = {}
+    for op_name, (out, grads) in results.items():
+        found = [name for name, o, r in zip(spec.outputs, out, ref_out) if mismatch(name, o, r, dtype)]
+        found += [f"d{name}" for name in names
+                  if mismatch(f"d{name}", grads[name], ref_grads[name],
+                              coarsest(dtype, dtype_name(sample.kwargs[name].dtype)), "backward", masses.get(name))]
+        off[op_name] = found
+    said = "; ".join(f"{op_name} {'off on ' + ', '.join(found) if found else 'within its tolerances'}"
+                     for op_name, found in off.items())
+    wrong = [op_name for op_name, found in off.items() if found]
+    verdict = (f"the disagreement is {wrong[0]}'s" if len(wrong) == 1
+               else "both are off" if wrong else "neither is off the reference by its own check's tolerances")
+    return f"against the float64 reference: {said}: {verdict}"
 
 
 def check_error_input(spec: OpSpec, error, device) -> None:

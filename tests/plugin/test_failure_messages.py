@@ -117,3 +117,65 @@ def test_an_op_without_a_device_check_is_told_what_was_moved_and_what_was_expect
     assert "FAILED test_conformance.py::test_device_mismatch[add-a]" in out
     assert ("add: `a` moved to meta, the other tensors on cpu: expected a ValueError matching '`a`.* on |on .*`a`' "
             "before any launch; got NotImplementedError: Cannot copy out of meta tensor") in out
+
+
+AGREEING_OPS = '''
+import torch
+
+
+class _Tripled(torch.autograd.Function):
+    """y = 3 x, with a wrong dx where ``wrong_grad``: the planted defect of one of two kernels."""
+
+    @staticmethod
+    def forward(ctx, x, wrong_grad):
+        ctx.wrong_grad = wrong_grad
+        return 3 * x
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = 3 * dy
+        if ctx.wrong_grad:
+            dx[0, 1, 1] += 1.0
+        return dx, None
+
+
+def tripled_chunk(x):
+    return _Tripled.apply(x, False)
+
+
+def tripled_recurrent(x):
+    return _Tripled.apply(x, True)
+
+
+def tripled_reference(x):
+    return 3 * x.double()
+'''
+
+AGREEING_CONFTEST = '''
+from pytest_fla.api import Arg, Case, op_spec
+import toy_ops
+
+TOKENS = {"x": Arg(("B", "T", "D"))}
+CASES = (Case("small", {"B": 2, "T": 5, "D": 8}),)
+
+
+def pytest_fla_specs(config):
+    return [
+        op_spec("tripled_chunk", op=toy_ops.tripled_chunk, reference=toy_ops.tripled_reference, args=TOKENS,
+                cases=CASES, grads=("x",), outputs=("y",), varlen=False, agrees_with="tripled_recurrent"),
+        op_spec("tripled_recurrent", op=toy_ops.tripled_recurrent, reference=toy_ops.tripled_reference,
+                args=TOKENS, cases=CASES, grads=("x",), outputs=("y",), varlen=False),
+    ]
+'''
+
+
+@cpu_only
+def test_a_disagreement_names_the_kernel_off_the_reference(pytester):
+    """chunk_vs_recurrent of a right kernel against a wrong one fails under the right one's
+    name; the failure says whose defect it is."""
+    pytester.makepyfile(toy_ops=AGREEING_OPS, conftest=AGREEING_CONFTEST,
+                        test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
+    out = run(pytester, "-k", "test_chunk_vs_recurrent and fp32").stdout.str()
+    assert "FAILED test_conformance.py::test_chunk_vs_recurrent[tripled_chunk-fp32-small]" in out, out
+    assert ("against the float64 reference: tripled_chunk within its tolerances; tripled_recurrent off on dx: "
+            "the disagreement is tripled_recurrent's") in out, out
