@@ -35,6 +35,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from pytest_fla.report.verdicts import culprit
+
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL_RE = re.compile(r"fla_core-(?P<release>\d+(?:\.\d+)+)-")
 ABSENT_RE = re.compile(r"absent in fla-core")
@@ -214,7 +216,14 @@ def matrix(out: Path) -> dict:
             if test["outcome"] == "failed":
                 verdict = test.get("verdict") or "unclassed"
                 cell["verdicts"][verdict] += 1
-                if verdict == "defect":
+                # a defect counts against the op it is of: an agreement check's against the other
+                # kernel where only that one is off the reference
+                at_fault = culprit(test.get("verdict_why"), op) if verdict == "defect" else op
+                if at_fault != op:
+                    ops.add(at_fault)
+                    cells[at_fault]["defects"][f"{test['check']} ({op}'s)"].append(
+                        {"test": test["nodeid"].split("::")[-1], "why": test.get("verdict_why"), "reason": test["reason"]})
+                elif verdict == "defect":
                     cell["defects"][test["check"]].append({"test": test["nodeid"].split("::")[-1],
                                                            "why": test.get("verdict_why"), "reason": test["reason"]})
         data[release] = {
@@ -222,7 +231,7 @@ def matrix(out: Path) -> dict:
             "not_run_after_fault": sum(_not_run(t) for t in report["tests"]),
             "totals": dict(Counter(t["outcome"] for t in report["tests"])),
             "verdicts": report.get("verdicts", {}),
-            "ops": {op: {"absent": c["absent"] == c["tests"], "tests": c["tests"], "verdicts": dict(c["verdicts"]),
+            "ops": {op: {"absent": c["tests"] > 0 and c["absent"] == c["tests"], "tests": c["tests"], "verdicts": dict(c["verdicts"]),
                          "defects": {check: found for check, found in c["defects"].items()}}
                     for op, c in cells.items()},
         }

@@ -48,3 +48,19 @@ def test_tests_skipped_after_a_device_fault_run_again_and_a_device_fault_does_no
     report.write_text(json.dumps({"tests": [fault, skipped, _test("t::a", "passed")], "finished": True}))
     assert not peer_history.finished(report)  # ended, but not every test ran
     assert [t["nodeid"] for t in peer_history.kept_tests(report)] == ["t::f", "t::a"]
+
+
+def test_an_agreement_defect_of_the_other_kernel_counts_against_that_kernel(tmp_path):
+    """chunk_vs_recurrent[chunk_rwkv6] failing because fused_recurrent_rwkv6 alone is off the
+    float64 reference is a defect in fused_recurrent_rwkv6's row, not chunk_rwkv6's."""
+    from pytest_fla.report import verdicts
+
+    other = dict(_test("t::agree", "failed", "defect", op="chunk_rwkv6"), check="chunk_vs_recurrent",
+                 verdict_why=f"{verdicts.OTHER_KERNEL} fused_recurrent_rwkv6's")
+    own = dict(_test("t::own", "failed", "defect", op="chunk_rwkv6"), check="huge_grid",
+               verdict_why="launch refused on a valid input")
+    (tmp_path / "report_0.5.2.json").write_text(json.dumps({"tests": [other, own], "finished": True}))
+    ops = peer_history.matrix(tmp_path)["data"]["0.5.2"]["ops"]
+    assert ops["chunk_rwkv6"]["defects"].keys() == {"huge_grid"}
+    assert ops["fused_recurrent_rwkv6"]["defects"].keys() == {"chunk_vs_recurrent (chunk_rwkv6's)"}
+    assert not ops["fused_recurrent_rwkv6"]["absent"]

@@ -37,12 +37,24 @@ VERDICTS = (DEFECT, CONTRACT, REFUSED, ENVIRONMENT, HARNESS)
 FINDINGS = (DEFECT,)  # the verdicts a run over another library reports as findings
 PROPERTY = "fla_verdict"
 WHY_PROPERTY = "fla_verdict_why"
+# the why of a defect of the other op of an agreement check (:class:`OtherKernelOff`), the op named after it
+OTHER_KERNEL = "wrong against the float64 reference: the other kernel,"
 
 
 class ContractMismatch(AssertionError):
     """A check's assertion of a rule of this repository's contract that a library need not
     promise (an error's wording, the final state's dtype): its failure is a ``contract``
     verdict, never a ``defect``."""
+
+
+class OtherKernelOff(AssertionError):
+    """A check's assertion that found another op's kernel off the float64 reference, not
+    its own op's (two kernels that disagree, of which only the other is wrong): a defect
+    of ``culprit``."""
+
+    def __init__(self, message: str, culprit: str):
+        super().__init__(message)
+        self.culprit = culprit
 
 
 # (pattern, verdict, why), on the failure's message; first match wins. Device faults and
@@ -133,6 +145,8 @@ def of_exception(excinfo, checks: tuple[str, ...] = ()) -> tuple[str, str]:
     exc, message = excinfo.value, str(excinfo.value)
     if isinstance(exc, ContractMismatch):
         return CONTRACT, "a rule of this repository's contract"
+    if isinstance(exc, OtherKernelOff):
+        return DEFECT, f"{OTHER_KERNEL} {exc.culprit}'s"
     if isinstance(exc, ImportError):
         # a module the library imports is not installed here (fla-core's einops, where a run
         # installs the library alone): nothing said of its kernels
@@ -158,6 +172,14 @@ def of_exception(excinfo, checks: tuple[str, ...] = ()) -> tuple[str, str]:
     if raiser == "plugin":
         return HARNESS, f"{type(exc).__name__} raised in the plugin's own code"
     return DEFECT, f"{type(exc).__name__} raised inside the call (a crash on a valid input)"
+
+
+def culprit(why: str | None, op: str | None) -> str | None:
+    """The op a failure's verdict counts against: the other kernel an agreement check found
+    off (its ``why`` names it), else the test's own op."""
+    if why and why.startswith(OTHER_KERNEL):
+        return why.removeprefix(OTHER_KERNEL).strip().removesuffix("'s")
+    return op
 
 
 def counts(records) -> dict:

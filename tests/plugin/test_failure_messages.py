@@ -4,11 +4,13 @@ bad-input check an op fails says what the call got wrong and what was expected."
 
 from __future__ import annotations
 
+import json
 import re
 
 from plugin_testing import cpu_only, run
 
 from pytest_fla.checks.generic import locate
+from pytest_fla.report import verdicts
 
 OPS = '''
 import torch
@@ -175,7 +177,55 @@ def test_a_disagreement_names_the_kernel_off_the_reference(pytester):
     name; the failure says whose defect it is."""
     pytester.makepyfile(toy_ops=AGREEING_OPS, conftest=AGREEING_CONFTEST,
                         test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
-    out = run(pytester, "-k", "test_chunk_vs_recurrent and fp32").stdout.str()
+    report = pytester.path / "report.json"
+    out = run(pytester, "-k", "test_chunk_vs_recurrent and fp32", f"--fla-report={report}").stdout.str()
     assert "FAILED test_conformance.py::test_chunk_vs_recurrent[tripled_chunk-fp32-small]" in out, out
-    assert ("against the float64 reference: tripled_chunk within its tolerances; tripled_recurrent off on dx: "
-            "the disagreement is tripled_recurrent's") in out, out
+    said = ("tripled_chunk and tripled_recurrent disagree; against the float64 reference: tripled_chunk within "
+            "its tolerances; tripled_recurrent off on dx: the disagreement is tripled_recurrent's")
+    assert said in out, out
+    # the verdict counts it against the kernel that is off, and the one-line reason keeps who that is
+    (record,) = [t for t in json.loads(report.read_text())["tests"] if t["check"] == "chunk_vs_recurrent"]
+    assert record["verdict"] == "defect", record
+    assert verdicts.culprit(record["verdict_why"], record["op"]) == "tripled_recurrent", record
+    assert record["reason"].startswith(f"pytest_fla.report.verdicts.OtherKernelOff: {said}"), record
+
+
+def _determinism_spec(op):
+    from pytest_fla.api import Arg, Case, op_spec
+
+    return op_spec("toy", op=op, reference=lambda x: 2 * x.double(), args={"x": Arg(("B", "T", "D"))},
+                   cases=(Case("small", {"B": 2, "T": 5, "D": 8}),), grads=("x",), outputs=("y",), varlen=False)
+
+
+def test_a_nondeterministic_output_is_told_where_and_by_how_much():
+    """Two runs that differ: how many elements, the first in the layout's words, the largest difference."""
+    import pytest
+    import torch
+
+    from pytest_fla.checks import generic
+
+    calls = []
+
+    def drifting(x):
+        calls.append(1)
+        y = 2 * x
+        return y + torch.where(torch.arange(y.numel()).view(y.shape) == 13, 1e-3 * len(calls), 0.0)
+
+    spec = _determinism_spec(drifting)
+    with pytest.raises(AssertionError, match=r"toy: y differs between two identical runs: 1 of 80 elements, "
+                                             r"the first at batch 0, token 1, channel 5, the largest difference 0\.001"):
+        generic.check_deterministic(spec, spec.cases[0], "fp32", "cpu", 0)
+
+
+def test_a_nan_in_the_same_place_with_the_same_bits_is_no_difference():
+    """torch.equal counts every NaN as unequal; two runs alike bit for bit are deterministic."""
+    import torch
+
+    from pytest_fla.checks import generic
+
+    def with_nan(x):
+        y = 2 * x
+        return torch.where(torch.arange(y.numel()).view(y.shape) == 3, float("nan"), y)
+
+    spec = _determinism_spec(with_nan)
+    generic.check_deterministic(spec, spec.cases[0], "fp32", "cpu", 0)  # raises nothing
