@@ -216,16 +216,14 @@ def matrix(out: Path) -> dict:
             if test["outcome"] == "failed":
                 verdict = test.get("verdict") or "unclassed"
                 cell["verdicts"][verdict] += 1
-                # a defect counts against the op it is of: an agreement check's against the other
-                # kernel where only that one is off the reference
-                at_fault = culprit(test.get("verdict_why"), op) if verdict == "defect" else op
-                if at_fault != op:
+                if verdict == "defect":
+                    # a defect counts against the op it is of: an agreement check's against the
+                    # other kernel where only that one is off the reference
+                    at_fault = culprit(test.get("verdict_why"), op)
                     ops.add(at_fault)
-                    cells[at_fault]["defects"][f"{test['check']} ({op}'s)"].append(
-                        {"test": test["nodeid"].split("::")[-1], "why": test.get("verdict_why"), "reason": test["reason"]})
-                elif verdict == "defect":
-                    cell["defects"][test["check"]].append({"test": test["nodeid"].split("::")[-1],
-                                                           "why": test.get("verdict_why"), "reason": test["reason"]})
+                    found_by = test["check"] if at_fault == op else f"{test['check']} ({op}'s)"
+                    cells[at_fault]["defects"][found_by].append({"test": test["nodeid"].split("::")[-1],
+                                                                 "why": test.get("verdict_why"), "reason": test["reason"]})
         data[release] = {
             "finished": report.get("finished", False) and not any(_not_run(t) for t in report["tests"]),
             "not_run_after_fault": sum(_not_run(t) for t in report["tests"]),
