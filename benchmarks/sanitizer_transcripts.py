@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pytest_fla import sanitizer  # noqa: E402
+from pytest_fla import environment, sanitizer  # noqa: E402
 
 PRELUDE = "import os, signal, sys, torch\nimport faulty_kernels as fk\n"
 
@@ -74,9 +74,9 @@ TIMEOUT_SECONDS = 150  # a barrier only some lanes reach may hang the kernel
 
 
 def run_one(tool: str, scenario: str, offset: int, workdir: Path) -> dict:
-    env = dict(os.environ, **sanitizer.environment(), FLA_SANITIZER_PORT_OFFSET=str(offset),
+    env = dict(os.environ, **sanitizer.environment(), **{environment.SANITIZER_PORT_OFFSET: str(offset)},
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests" / "plugin"), os.environ.get("PYTHONPATH", "")]))
-    os.environ[sanitizer.PORT_OFFSET_ENV] = str(offset)  # command() reads it from this process
+    os.environ[environment.SANITIZER_PORT_OFFSET] = str(offset)  # command() reads it from this process
     if scenario in SCENARIOS:
         script = workdir / f"{scenario}.py"
         script.write_text(SCENARIOS[scenario][0])

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from . import report as run_report
-from . import repro, sanitizer, targets
+from . import environment, repro, sanitizer, targets
 from .sanitizer import interpreter as interpreter_memcheck
 from .checks import compile_per_arch, poison, switches
 from .collection import projects, quick
@@ -120,7 +120,8 @@ def pytest_addoption(parser):
         "--fla-small-shapes",
         action="store_true",
         help="on a GPU, every case at its small dims (the CPU's, the sizes the sanitizer runs) instead of "
-        "its GPU dims: narrow heads and masked block edges, where GPU-only faults show (FLA_SMALL_SHAPES=1)",
+        "its GPU dims: narrow heads and masked block edges, where GPU-only faults show "
+        f"({environment.SMALL_SHAPES}=1)",
     )
     group.addoption(
         "--fla-bf16-emulated",
@@ -155,7 +156,7 @@ def pytest_addoption(parser):
     group.addoption(
         "--fla-autotune",
         choices=autotune.CHOICES,
-        default=os.environ.get(autotune.ENV) or None,
+        default=os.environ.get(environment.AUTOTUNE) or None,
         help="how a library's @triton.autotune picks its config: tuned (Triton's own timing of every config, "
         "the default on a GPU) or first (the first config that survives pruning and runs, none timed: one "
         "compile per key where tuned compiles every config, and the same config in every run; always so under "
@@ -232,6 +233,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
     """Set up this process's target before conftests can import torch or triton."""
     options = early_config.known_args_namespace
     role = _role(early_config)
+    # The one read of the target from the environment: a worker's or a child's was set there by
+    # the process that started it, before this one imported anything (xdist's workerinput comes
+    # after these early hooks). From here on the run's state holds it.
+    early_config.stash[targets.RUN_TARGET] = targets.current_target()
     if role == "child":
         return
     if options.fla_blocking:
@@ -241,11 +246,11 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if fleet.requested(options.fla_arch):
         early_config.stash[TARGETS] = []  # the controller's come from its hosts (pytest_cmdline_main)
         if role == "worker":
-            fleet.prepare_worker()
+            fleet.prepare_worker(targets.run_target(early_config))
         return
     if role == "worker":
         # before probe_gpu below: the driver reads CUDA_VISIBLE_DEVICES once, at cuInit
-        distribute.pin_worker_to_gpu()
+        distribute.pin_worker_to_gpu(targets.run_target(early_config))
     gpu = targets.probe_gpu()
     try:
         run_targets = targets.resolve_targets(options.fla_arch, gpu)
@@ -253,8 +258,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
         raise pytest.UsageError(f"--fla-arch: {error}") from None
     early_config.stash[TARGETS] = run_targets
     if gpu is not None:
-        os.environ[distribute.GPUS_ENV] = ",".join(distribute.visible_gpus(gpu))
+        os.environ[environment.GPUS] = ",".join(distribute.visible_gpus(gpu))
     if len(run_targets) == 1:
+        early_config.stash[targets.RUN_TARGET] = run_targets[0]
         targets.apply_environment(targets.target_environment(run_targets[0]))
 
 
@@ -283,7 +289,6 @@ def pytest_configure(config):
         raise pytest.UsageError(str(error)) from None
     compile_per_arch.scope_and_dtypes(config)  # a usage error before any test
     role = _role(config)
-    config.stash[targets.RUN_TARGET] = targets.current_target()  # set by the coordinator before torch's import
     state = RunState(role=role, targets=config.stash.get(TARGETS, []), target=targets.run_target(config))
     if config.option.fla_sanitizer and role != "child":
         try:
@@ -319,7 +324,7 @@ def pytest_configure(config):
         if not autotune.install_first_that_runs():
             raise pytest.UsageError("--fla-autotune=first: this Triton's autotuner has not the shape "
                                     "pytest_fla/targets/autotune.py patches (Triton 3.6 to 3.9 have it)")
-        os.environ[autotune.ENV] = "first"  # for the children (isolated tests, reproducers) this process starts
+        os.environ[environment.AUTOTUNE] = "first"  # for the children (isolated tests, reproducers) this process starts
     if state.target is not None and state.target.mode == targets.EMULATED:
         from .targets.emulation import enforce_shared_memory_limit
 
@@ -374,7 +379,8 @@ def pytest_report_header(config):
         lines.append("fla shapes: every case at its small dims on a GPU too (--fla-small-shapes)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter.wanted():
         lines.append("fla interpreter: helper calls reuse their launch's patched triton.language "
-                     f"(pytest_fla/targets/interpreter.py; {interpreter.OFF_ENV}=1 for Triton's own patching)")
+                     f"(pytest_fla/targets/interpreter.py; {environment.INTERPRETER_REPATCH}=1 for Triton's own "
+                     "patching)")
     if any(t.mode == targets.INTERPRETER for t in state.targets) and config.option.fla_bf16_emulated:
         lines.append("fla interpreter bf16: checked, with the GPU's bf16 arithmetic patched in "
                      "(pytest_fla/targets/interpreter_bf16.py; --fla-bf16-emulated)")
@@ -389,7 +395,7 @@ def pytest_report_header(config):
     if any(t.mode == targets.INTERPRETER for t in state.targets) and interpreter_memcheck.wanted():
         lines.append("fla interpreter memcheck: every load, store and atomic checked against its launch's tensor "
                      "arguments, every store against its program's unordered earlier ones of other values "
-                     f"(pytest_fla/sanitizer/interpreter.py; {interpreter_memcheck.OFF_ENV}=0 turns it off)")
+                     f"(pytest_fla/sanitizer/interpreter.py; {environment.INTERPRETER_MEMCHECK}=0 turns it off)")
     return lines
 
 
@@ -453,7 +459,7 @@ def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per visible GPU (None: xdist's default, one per CPU).
 
     tryfirst: xdist's own implementation always answers, and the first answer wins."""
-    gpus = [g for g in os.environ.get(distribute.GPUS_ENV, "").split(",") if g]
+    gpus = [g for g in os.environ.get(environment.GPUS, "").split(",") if g]
     return len(gpus) or None
 
 
@@ -569,7 +575,7 @@ def pytest_runtest_protocol(item, nextitem):
         return None
     if state.target is not None and state.target.mode == targets.COMPILE_ONLY and _compile_arch(item) is None:
         return None  # skipped at setup: nothing to isolate
-    from .running.isolation import COUNT_LAUNCHES_ENV, replay, run_batch
+    from .running.isolation import replay, run_batch
     from .sanitizer.reruns import Verdict, skipped_under_tools, verdicts
 
     if state.tools and skipped_under_tools(item.config, item):
@@ -577,7 +583,7 @@ def pytest_runtest_protocol(item, nextitem):
 
     # Under the sanitizer the plain run uses the tool's small shapes too: it compiles the very
     # kernels the tool then runs, outside the tool (numerics at GPU sizes: a plain run's job).
-    env = {COUNT_LAUNCHES_ENV: "1", **sanitizer.SHAPES_ENV} if state.tools else None
+    env = {environment.COUNT_LAUNCHES: "1", **sanitizer.SHAPES_ENV} if state.tools else None
     if item.nodeid not in state.batches:
         batch = _batch(item, nextitem, state) if state.isolate in ("batch", "module") else [item]
         outcomes = run_batch(item.config, batch, env=env)

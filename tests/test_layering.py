@@ -150,6 +150,7 @@ def test_the_scan_sees_every_form_of_import():
 # (plugin, fixtures, hookspec, __main__) and the modules that keep a public import path
 # (conformance, compile_check, repro_helpers), which may import any of them.
 PLUGIN_LAYERS = (
+    ("environment",),  # the names of the environment variables the plugin reads or sets
     ("targets",),      # which archs a run checks, in which mode; the toolchain
     ("report",),       # the end-of-run report, and where a test's time goes
     ("running",),      # where and in which processes the tests run: devices, isolation, xdist, fleet

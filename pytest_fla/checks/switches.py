@@ -32,6 +32,8 @@ import json
 import os
 import sys
 
+from .. import environment
+
 TORCH = "torch"
 ZERO_ALLOCATIONS = "fla_zero_allocations"
 CAPTURING_LAUNCHES = "fla_capturing_launches"
@@ -56,10 +58,10 @@ HELP = {
     "reaches (for a library whose eager path skips the dispatcher)",
 }
 
-ENV = "FLA_LIBRARY_SWITCHES"
 
 _configured: dict[str, tuple[str, ...]] = {name: default for name, (default, _, _) in OPTIONS.items()}
-_configured.update({name: tuple(value) for name, value in json.loads(os.environ.get(ENV) or "{}").items()
+_configured.update({name: tuple(value)
+                    for name, value in json.loads(os.environ.get(environment.LIBRARY_SWITCHES) or "{}").items()
                     if name in OPTIONS})
 
 
@@ -90,7 +92,7 @@ def configure_from(config) -> None:
 
 def export() -> None:
     """Hand the switches configured now to the processes this one starts."""
-    os.environ[ENV] = json.dumps(_configured)
+    os.environ[environment.LIBRARY_SWITCHES] = json.dumps(_configured)
 
 
 def configure_from_pyproject(path) -> None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import environment
 from ..report.verdicts import ContractMismatch
 
 
@@ -108,7 +109,7 @@ def _current_test() -> str:
 
 
 def _record(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> None:
-    path = os.environ.get("FLA_RECORD_ERRORS")
+    path = os.environ.get(environment.RECORD_ERRORS)
     if not path:
         return
     with open(path, "a") as f:
@@ -150,7 +151,7 @@ def ratchet_limits(recorded: tuple[float, float], dtype: str) -> tuple[float, fl
 
 def _ratchet(name: str, dtype: str, kind: str, rel: float, rel_max: float) -> str | None:
     """Why the errors break the ratchet (``FLA_ERROR_BASELINE``), or None."""
-    path = os.environ.get("FLA_ERROR_BASELINE")
+    path = os.environ.get(environment.ERROR_BASELINE)
     if not path:
         return None
     key = (_current_test(), name, dtype, kind)

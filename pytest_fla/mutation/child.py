@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from .. import environment
+
 # Exceptions by which Triton refuses a kernel's code before any value is computed: the
 # compiler's (a type, shape or construct error, a failed static assertion, ptxas), and
 # the interpreter's wrapper of an error raised while it runs the kernel body, which is
@@ -51,7 +53,7 @@ def refused_by_triton(error: BaseException | None) -> str | None:
 
 
 def pytest_collection_finish(session):
-    out = os.environ.get("FLA_MUTATION_SITES")
+    out = os.environ.get(environment.MUTATION_SITES)
     if not out:
         return
     import torch
@@ -60,9 +62,9 @@ def pytest_collection_finish(session):
     from .sites import reached_by
 
     config = session.config
-    wanted = os.environ.get("FLA_MUTATION_OPS", "")
-    device = torch.device(os.environ.get("FLA_MUTATION_DEVICE", "cpu"))
-    root = Path(os.environ.get("FLA_MUTATION_ROOT", config.rootpath))
+    wanted = os.environ.get(environment.MUTATION_OPS, "")
+    device = torch.device(os.environ.get(environment.MUTATION_DEVICE, "cpu"))
+    root = Path(os.environ.get(environment.MUTATION_ROOT, config.rootpath))
     specs = [s for s in session_specs(config) if not wanted or s.name in wanted.split(",")]
     found = {}
     for spec in specs:
@@ -79,7 +81,7 @@ class _Verdict:
         self.counts = {"passed": 0, "failed": 0, "skipped": 0}
 
     def write(self) -> None:
-        mutated = os.environ.get("FLA_MUTATION_FILE")
+        mutated = os.environ.get(environment.MUTATION_FILE)
         imported = None
         if mutated:
             target = os.path.realpath(mutated)
@@ -120,6 +122,6 @@ class _Verdict:
 
 
 def pytest_configure(config):
-    path = os.environ.get("FLA_MUTATION_VERDICT")
+    path = os.environ.get(environment.MUTATION_VERDICT)
     if path:
         config.pluginmanager.register(_Verdict(path), "fla_mutation_verdict")

@@ -27,6 +27,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .. import environment
 from . import plan, report
 from .runner import DEVICE_OPTIONS, Workspace, conformance_modules, make_workspaces, stop_children
 from .sites import Mutant, mutants_of
@@ -159,14 +160,14 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
             return
         workspace = free.get()
         measured = workspace.path.parent / f"errors-{workspace.path.name}.jsonl"
-        env = {**ratchet[op], "FLA_RECORD_ERRORS": str(measured)} if op in ratchet else None
+        env = {**ratchet[op], environment.RECORD_ERRORS: str(measured)} if op in ratchet else None
         try:
             measured.unlink(missing_ok=True)
             outcome = workspace.run_checks(op, tests, mutant, args.device, timeout, env)
             if outcome.status == "timeout":  # a slow moment of a shared machine is not a kill: once more, twice as long
                 measured.unlink(missing_ok=True)
                 outcome = workspace.run_checks(op, tests, mutant, args.device, 2 * timeout, env)
-            growth = report.error_growth(ratchet[op]["FLA_ERROR_BASELINE"], measured) if env else None
+            growth = report.error_growth(ratchet[op][environment.ERROR_BASELINE], measured) if env else None
         finally:
             free.put(workspace)
         if STOPPING.is_set():
@@ -200,11 +201,11 @@ def _run(args, root: Path, workspaces: list[Workspace], equivalent: dict[str, st
         errors.unlink(missing_ok=True)
         try:
             baseline = workspace.run_checks(op, tests, None, args.device, None,
-                                            {"FLA_RECORD_ERRORS": str(errors)} if args.error_ratchet else None)
+                                            {environment.RECORD_ERRORS: str(errors)} if args.error_ratchet else None)
         finally:
             free.put(workspace)
         if args.error_ratchet and errors.exists():
-            ratchet[op] = {"FLA_ERROR_BASELINE": str(errors)}
+            ratchet[op] = {environment.ERROR_BASELINE: str(errors)}
         timeout = args.timeout or 3 * baseline.seconds + 60
         with lock:
             kept = document["ops"].get(op, {}).get("mutants", [])  # a rerun of given mutants keeps the others
@@ -322,8 +323,8 @@ def discover(workspaces: list[Workspace], tests: list[str], device: str, ops: st
 
 def _discover(workspace: Workspace, tests: list[str], device: str, ops: str) -> dict:
     out = workspace.path / "sites.json"
-    env = {"FLA_MUTATION_SITES": str(out), "FLA_MUTATION_OPS": ops, "FLA_MUTATION_DEVICE": device,
-           "FLA_MUTATION_ROOT": str(workspace.path)}
+    env = {environment.MUTATION_SITES: str(out), environment.MUTATION_OPS: ops, environment.MUTATION_DEVICE: device,
+           environment.MUTATION_ROOT: str(workspace.path)}
     if device == "cuda":
         env["TRITON_ALWAYS_COMPILE"] = "1"  # the code generator must visit every kernel
     args = [*tests, "--collect-only", "-q", *DEVICE_OPTIONS[device]] + ([f"--fla-ops={ops}"] if ops else [])

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import environment
 from .sites import Mutant
 
 # The conformance checks that launch kernels (and can judge their values), per device.
@@ -142,7 +143,7 @@ class Workspace:
             env["CUDA_VISIBLE_DEVICES"] = ""
         else:
             env.pop("TRITON_INTERPRET", None)
-            env["FLA_SMALL_SHAPES"] = "1"
+            env[environment.SMALL_SHAPES] = "1"
         env.update(extra)
         return env
 
@@ -177,9 +178,9 @@ class Workspace:
             target.write_text(mutant.apply(original))
         verdict = self.path / "verdict.json"
         verdict.unlink(missing_ok=True)
-        extra = {**(env or {}), "FLA_MUTATION_VERDICT": str(verdict)}
+        extra = {**(env or {}), environment.MUTATION_VERDICT: str(verdict)}
         if target is not None:
-            extra["FLA_MUTATION_FILE"] = str(target)
+            extra[environment.MUTATION_FILE] = str(target)
         try:
             args = [*tests, "-x", "-q", "--no-header", "-W", "ignore::DeprecationWarning",
                     f"--fla-ops={op}", "-k", " or ".join(KILLING_CHECKS[device]), *DEVICE_OPTIONS[device]]

@@ -76,7 +76,9 @@ class Case:
         sanitizer, which slows kernels down a hundredfold) asks for the small ones."""
         import os
 
-        small = os.environ.get("FLA_SMALL_SHAPES") == "1"
+        from .. import environment
+
+        small = os.environ.get(environment.SMALL_SHAPES) == "1"
         return self.gpu_dims if (self.gpu_dims and str(device).startswith("cuda") and not small) else self.dims
 
     def with_dims(self, **dims) -> "Case":

@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from .. import targets
+from .. import environment, targets
 from . import time_split, verdicts
 
 PROPERTY_PREFIX = "fla_"
@@ -27,7 +27,6 @@ COLLECT_SECONDS_PROPERTY = "fla_collect_seconds"  # of the start-up, collecting 
 PARTS_PROPERTY = "fla_parts_seconds"  # of which in the tests: part of the work -> seconds (time_split)
 SANITIZER_PARTS_PROPERTY = "fla_sanitizer_parts_seconds"  # of those, under the tool
 SLOWEST = 5
-HOST_ENV = "FLA_FLEET_HOST"  # the host a fleet worker runs on, set in its environment (pytest_fla/running/fleet.py)
 RUNS_ON_GPU = (targets.NATIVE, targets.EMULATED)
 
 
@@ -69,7 +68,7 @@ def annotate(item, report) -> None:
             ("fla_mode", target.mode if target else "unknown"),
         ]
     )
-    host = os.environ.get(HOST_ENV)
+    host = os.environ.get(environment.FLEET_HOST)
     if host:
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES") if target and target.mode in RUNS_ON_GPU else None
         report.user_properties.extend([("fla_host", host), ("fla_gpu", gpu or None)])
@@ -99,13 +98,13 @@ def worker_properties(report) -> dict:
     """The arch, mode and host of the xdist worker behind a report that carries none: the
     one xdist's controller writes for the test a worker was running when it died."""
     env = getattr(getattr(getattr(report, "node", None), "gateway", None), "spec", None)
-    target = getattr(env, "env", {}).get(targets.RUN_TARGET_ENV)
+    target = getattr(env, "env", {}).get(environment.RUN_TARGET)
     if not target:
         return {}
     target = targets.decode_target(target)
     props = {"fla_op": None, "fla_check": check_of(report.nodeid), "fla_arch": target.name, "fla_mode": target.mode}
-    if env.env.get(HOST_ENV):
-        props["fla_host"] = env.env[HOST_ENV]
+    if env.env.get(environment.FLEET_HOST):
+        props["fla_host"] = env.env[environment.FLEET_HOST]
     return props
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from .. import sanitizer, targets
+from .. import environment, sanitizer, targets
 from ..sanitizer import reruns
 from ..running.devices import is_interpreter
 from ..running.isolation import device_fault
@@ -235,7 +235,7 @@ def run_repro(path: str, expect: str) -> int:
         from ..sanitizer import interpreter as interpreter_memcheck
 
         interpreter_memcheck.install_process_fixes()
-    elif os.environ.get("FLA_AUTOTUNE") == "first":  # the run's --fla-autotune=first, as in its tests
+    elif os.environ.get(environment.AUTOTUNE) == "first":  # the run's --fla-autotune=first, as in its tests
         from ..targets import autotune
 
         autotune.install_first_that_runs()

@@ -87,7 +87,7 @@ rerun_check({op!r}, {check!r}, {dtype!r}, case={case!r}, dims={dims!r}, dist={di
 def write(directory: str, item, spec, check: str, case, small, dtype: str, runs: int, failure: str) -> Path:
     from .. import targets
 
-    target = targets.current_target()
+    target = targets.run_target(item.config)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / (re.sub(r"[^A-Za-z0-9_]", "_", f"{spec.name}_{check}_{dtype}_{case.name}") + ".py")
@@ -128,7 +128,7 @@ def save(item, failure: str) -> Path | None:
             return None
     except Exception:  # noqa: BLE001 - an option a script cannot spell (a tensor, a function)
         return None
-    device = _device(targets.current_target())
+    device = _device(targets.run_target(item.config))
     small, runs = shrink(spec, check, case, dtype, device)
     return write(directory, item, spec, check, case, small, dtype, runs, failure)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from .. import environment
+
 
 def is_interpreter() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -45,17 +47,14 @@ def dtype_skip_reason(dtype: str, device) -> str | None:
     return None
 
 
-# Where the float64 reference runs, if not beside the kernel: ``cpu`` under the sanitizer
-# (``sanitizer.environment``). The tool instruments every CUDA launch, and a reference
-# recurrence is thousands of small ones: at the tool's small shapes it was 586 of the tool's
-# 1035 s in the H100's memcheck run (10 s plainly), checking nothing the tool is there for.
-REFERENCE_DEVICE_ENV = "FLA_REFERENCE_DEVICE"
-
-
 def reference_device() -> str | None:
     """The device the reference runs on (its inputs moved there, its results moved back),
     or None: beside the kernel."""
-    return os.environ.get(REFERENCE_DEVICE_ENV) or None
+    # ``cpu`` under the sanitizer (``sanitizer.environment``). The tool instruments every CUDA
+    # launch, and a reference recurrence is thousands of small ones: at the tool's small shapes
+    # it was 586 of the tool's 1035 s in the H100's memcheck run (10 s plainly), checking
+    # nothing the tool is there for.
+    return os.environ.get(environment.REFERENCE_DEVICE) or None
 
 
 def reference_call(call, kwargs: dict, *rest):

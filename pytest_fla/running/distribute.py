@@ -15,9 +15,7 @@ import os
 
 import pytest
 
-from .. import targets
-
-GPUS_ENV = "FLA_GPUS"
+from .. import environment, targets
 
 
 def tx_spec(target: targets.Target, extra_env: dict[str, str]) -> str:
@@ -32,10 +30,6 @@ def with_env(spec: str, env: dict[str, str]) -> str:
             raise pytest.UsageError(f"{key}={value!r}: a value with '//' cannot be passed to an xdist worker")
     parts = [part for part in spec.split("//") if not part.startswith("id=")]
     return "//".join(parts + [f"env:{key}={value}" for key, value in env.items()])
-
-
-# "k/n": this worker runs the k-th of n shares of its target's tests (several workers per target)
-SHARD_ENV = "FLA_SHARD"
 
 
 def xdist_loaded(config) -> bool:
@@ -62,7 +56,7 @@ def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None
     specs = []
     for target in run_targets:
         n = max(1, int(shares) // compile_only) if target.mode == targets.COMPILE_ONLY else int(shares)
-        specs += [tx_spec(target, {SHARD_ENV: f"{k}/{n}"} if n > 1 else {}) for k in range(n)]
+        specs += [tx_spec(target, {environment.SHARD: f"{k}/{n}"} if n > 1 else {}) for k in range(n)]
     config.option.tx = specs
     config.option.dist = "each"
     config.option.numprocesses = None  # the workers are the specs above, not xdist's -n
@@ -70,7 +64,7 @@ def use_one_worker_per_target(config, run_targets: list[targets.Target]) -> None
 
 def my_share(items: list) -> tuple[list, list]:
     """In a worker that runs one share of its target's tests: (its items, the others)."""
-    shard = os.environ.get(SHARD_ENV, "")
+    shard = os.environ.get(environment.SHARD, "")
     if not shard:
         return items, []
     k, n = (int(part) for part in shard.split("/"))
@@ -84,11 +78,11 @@ def visible_gpus(gpu: targets.Gpu) -> list[str]:
     return [str(i) for i in range(gpu.count)]
 
 
-def pin_worker_to_gpu() -> None:
-    """In an xdist worker: see only GPU ``worker index % GPU count`` (set by the controller)."""
-    gpus = [g for g in os.environ.get(GPUS_ENV, "").split(",") if g]
+def pin_worker_to_gpu(target: targets.Target | None) -> None:
+    """In an xdist worker running ``target``: see only GPU ``worker index % GPU count`` (set
+    by the controller)."""
+    gpus = [g for g in os.environ.get(environment.GPUS, "").split(",") if g]
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    target = targets.current_target()
     if not gpus or not worker.startswith("gw") or (target and target.mode == targets.COMPILE_ONLY):
         return
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(worker[2:]) % len(gpus)]

@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from .. import targets
-from .distribute import SHARD_ENV, with_env, xdist_loaded
-from ..report import HOST_ENV
+from .. import environment, targets
+from .distribute import with_env, xdist_loaded
 from ..targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Target, arch_name
 
 FLEET = "fleet"
-STAND_IN_ENV = "FLA_FLEET_STAND_IN"
 # A host imports torch and initialises CUDA to answer: generous for a cold import on a busy machine.
 PROBE_SECONDS = 300.0
 
@@ -134,7 +132,7 @@ def probe_hosts(specs: list[str]) -> list[dict]:
             except Exception as error:
                 raise pytest.UsageError(f"--fla-arch=fleet: cannot open --tx {spec}: {error}") from None
             channel = gateway.remote_exec(fleet_probe)
-            channel.send(STAND_IN_ENV)
+            channel.send(environment.FLEET_STAND_IN)
             channels.append(channel)
         answers = []
         for spec, channel in zip(specs, channels):
@@ -156,7 +154,7 @@ def stand_in_gpus(text: str) -> tuple[HostGpu, ...]:
     for word in (w.strip().lower() for w in text.split(",") if w.strip()):
         match = _STAND_IN_RE.match(word)
         if match is None:
-            raise ValueError(f"{STAND_IN_ENV}={text!r}: expected archs such as sm80, sm90x2 or sm80,sm90")
+            raise ValueError(f"{environment.FLEET_STAND_IN}={text!r}: expected archs such as sm80, sm90x2 or sm80,sm90")
         archs += [targets.parse_arch(match.group(1))] * int(match.group(2) or 1)
     return tuple(HostGpu(str(i), arch, "stand-in") for i, arch in enumerate(archs))
 
@@ -209,7 +207,7 @@ def plan(hosts: list[Host], extra: list[int], per_gpu: int) -> Fleet:
         known = by_name.setdefault(target.name, target)
         if known.mode != target.mode:
             raise ValueError(f"{target.name} is {known.mode} on one host and {target.mode} on {host.name}: "
-                             f"a stand-in ({STAND_IN_ENV}) cannot share an arch with a real GPU")
+                             f"a stand-in ({environment.FLEET_STAND_IN}) cannot share an arch with a real GPU")
         slots.setdefault(target.name, []).extend([(host, gpu)] * count)
 
     for host in hosts:
@@ -219,8 +217,8 @@ def plan(hosts: list[Host], extra: list[int], per_gpu: int) -> Fleet:
         for gpu in host.gpus:
             name = arch_name(gpu.arch)
             if host.stand_in:
-                target = Target(name, gpu.arch, INTERPRETER, f"stand-in hosts ({STAND_IN_ENV}): numeric checks "
-                                 f"under TRITON_INTERPRET=1 with {name}'s kernel configs, no GPU")
+                target = Target(name, gpu.arch, INTERPRETER, f"stand-in hosts ({environment.FLEET_STAND_IN}): "
+                                f"numeric checks under TRITON_INTERPRET=1 with {name}'s kernel configs, no GPU")
             else:
                 target = Target(name, gpu.arch, NATIVE, "the hosts' own GPUs")
             add(target, host, gpu.id, per_gpu)
@@ -251,10 +249,10 @@ def plan(hosts: list[Host], extra: list[int], per_gpu: int) -> Fleet:
     for name, places in slots.items():
         target = by_name[name]
         for k, (host, gpu) in enumerate(places):
-            env = {targets.RUN_TARGET_ENV: target.encode(), HOST_ENV: host.name,
+            env = {environment.RUN_TARGET: target.encode(), environment.FLEET_HOST: host.name,
                    "CUDA_VISIBLE_DEVICES": gpu if gpu is not None and target.mode != INTERPRETER else ""}
             if len(places) > 1:
-                env[SHARD_ENV] = f"{k}/{len(places)}"
+                env[environment.SHARD] = f"{k}/{len(places)}"
             fleet.workers.append(FleetWorker(with_env(host.spec, env), host.name, target, gpu))
     return fleet
 
@@ -338,10 +336,10 @@ def start(config) -> Fleet:
     return fleet
 
 
-def prepare_worker() -> None:
-    """In a fleet worker, before anything imports torch or triton: the rest of its target's
-    environment, built on its own host (its Triton cache there, not the controller's)."""
-    target = targets.current_target()
+def prepare_worker(target: Target | None) -> None:
+    """In a fleet worker running ``target``, before anything imports torch or triton: the
+    rest of its target's environment, built on its own host (its Triton cache there, not
+    the controller's)."""
     if target is not None:
         env = targets.target_environment(target)
         if target.mode != COMPILE_ONLY:
@@ -381,7 +379,7 @@ class FleetWatch:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids):
-        self.collected[node] = (node.gateway.spec.env.get(targets.RUN_TARGET_ENV, "").partition(":")[0], list(ids))
+        self.collected[node] = (node.gateway.spec.env.get(environment.RUN_TARGET, "").partition(":")[0], list(ids))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error):
@@ -393,7 +391,7 @@ class FleetWatch:
 
     @staticmethod
     def _where(node) -> str:
-        return f"worker {node.gateway.id} on {node.gateway.spec.env.get(HOST_ENV)}"
+        return f"worker {node.gateway.id} on {node.gateway.spec.env.get(environment.FLEET_HOST)}"
 
     def lost(self) -> list[tuple[str, str, str | None, str]]:
         """``(nodeid, arch, host, why)`` of each test a worker that went down never ran."""
@@ -403,7 +401,7 @@ class FleetWatch:
             arch, ids = self.collected.get(node, ("", []))
             for nodeid in ids:
                 if (nodeid, arch) not in done:
-                    lost.append((nodeid, arch, node.gateway.spec.env.get(HOST_ENV),
+                    lost.append((nodeid, arch, node.gateway.spec.env.get(environment.FLEET_HOST),
                                  f"not run: {self._where(node)} went down ({why})"))
         return lost
 

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import pytest
 
+from .. import environment
 from ..report import PARTS_PROPERTY, annotate, timing_properties
 
 STDERR_TAIL_LINES = 40
 EXIT_DEVICE_FAULT = 86
 BEGIN_MARK = "=== fla: running "  # written to the child's stdout and stderr as each test starts
 END_MARK = "=== fla: batch done"  # and to its stdout after the last one
-COUNT_LAUNCHES_ENV = "FLA_COUNT_LAUNCHES"
 LAUNCHES_PROPERTY = "fla_triton_launches"
 
 
@@ -429,7 +429,7 @@ class ChildReporter:
         self.faulted: set[str] = set()
         # Under --fla-sanitizer the parent asks how many Triton kernels each test launched
         # (a test that launched none has nothing of the kernels under test to sanitize).
-        self.count_launches = os.environ.get(COUNT_LAUNCHES_ENV) == "1"
+        self.count_launches = os.environ.get(environment.COUNT_LAUNCHES) == "1"
         # A child that stops making progress (seen under compute-sanitizer: children waiting
         # at their first test with the CPU and the GPU idle) shows where it waits: SIGUSR1
         # writes every thread's Python stack to its stderr, which the parent keeps.

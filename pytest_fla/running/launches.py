@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from .. import environment
 from ..report import time_split
 
 
@@ -57,11 +58,6 @@ def observe_launches():
         yield log
     finally:
         KernelInterface.__getitem__ = original
-
-
-# A file that every timed process appends one JSON line to per compile (pid, kernel, the
-# source's hash, seconds): how often processes compiled the same kernel, a cache miss each.
-COMPILE_LOG_ENV = "FLA_COMPILE_LOG"
 
 
 def _log_compile(path: str, src, options, seconds: float) -> None:
@@ -126,7 +122,9 @@ def time_kernels() -> None:
     from triton.compiler.compiler import CompiledKernel
 
     compile_, init_handles = package.compile, CompiledKernel._init_handles
-    log_path = os.environ.get(COMPILE_LOG_ENV)
+    # a file every timed process appends one JSON line to per compile (pid, kernel, the source's
+    # hash, seconds): how often processes compiled the same kernel, a cache miss each
+    log_path = os.environ.get(environment.COMPILE_LOG)
 
     def timed_compile(src, target=None, options=None, **kwargs):
         start = time.perf_counter()

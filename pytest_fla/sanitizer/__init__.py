@@ -18,6 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import environment as variables  # the module; `environment()` below is this one's
+
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 PREFIX = "========= "
 # Each tool ends with a summary line of its own (compute-sanitizer 2025.3, read on an H100;
@@ -113,7 +115,6 @@ def lean_options(tool: str) -> list[str]:
 # process at a time per worker, with room for ports a finished child left in TIME_WAIT.
 PORT_BASE = 49152
 PORTS_PER_WORKER = 32
-PORT_OFFSET_ENV = "FLA_SANITIZER_PORT_OFFSET"  # for two runs side by side on one machine
 
 
 def port_range(worker: str | None = None, offset: int | None = None) -> tuple[int, int]:
@@ -123,7 +124,7 @@ def port_range(worker: str | None = None, offset: int | None = None) -> tuple[in
     if worker is None:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if offset is None:
-        offset = int(os.environ.get(PORT_OFFSET_ENV, "0") or 0)
+        offset = int(os.environ.get(variables.SANITIZER_PORT_OFFSET, "0") or 0)
     match = re.fullmatch(r"gw(\d+)", worker)
     blocks = (65536 - PORT_BASE) // PORTS_PER_WORKER
     block = ((int(match.group(1)) if match else 0) + offset) % blocks
@@ -157,14 +158,12 @@ def command(tool: str) -> list[str]:
 
 # Small shapes under the sanitizer (it slows kernels down by one to two orders of magnitude);
 # the op specs read FLA_SMALL_SHAPES.
-SHAPES_ENV = {"FLA_SMALL_SHAPES": "1"}
+SHAPES_ENV = {variables.SMALL_SHAPES: "1"}
 
 
 def environment(caching_allocator: bool = False) -> dict[str, str]:
-    from ..running.devices import REFERENCE_DEVICE_ENV
-
-    # the float64 reference on the CPU: the tool need not check it (devices.REFERENCE_DEVICE_ENV)
-    env = {"CUDA_LAUNCH_BLOCKING": "1", REFERENCE_DEVICE_ENV: "cpu", **SHAPES_ENV}
+    # the float64 reference on the CPU: the tool need not check it (devices.reference_device)
+    env = {"CUDA_LAUNCH_BLOCKING": "1", variables.REFERENCE_DEVICE: "cpu", **SHAPES_ENV}
     if not caching_allocator:
         env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return env

@@ -42,7 +42,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-OFF_ENV = "FLA_INTERPRETER_MEMCHECK"
+from .. import environment
+
 
 
 class OutOfBounds(RuntimeError):
@@ -63,7 +64,7 @@ class Extent:
 
 
 def wanted() -> bool:
-    return os.environ.get(OFF_ENV) != "0"
+    return os.environ.get(environment.INTERPRETER_MEMCHECK) != "0"
 
 
 def tensor_extent(t, what: str) -> Extent | None:

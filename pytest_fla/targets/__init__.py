@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-
+from .. import environment
 from .arch_table import ALL_ARCHS, SHARED_MEMORY_LIMIT, arch_name
 from .arch_table import parse_known_arch as parse_arch
 
@@ -42,9 +42,6 @@ INTERPRETER = "interpreter"
 # What each mode can do: run kernels (numeric checks), and compile them offline.
 RUNS_KERNELS = {NATIVE: True, EMULATED: True, COMPILE_ONLY: False, INTERPRETER: True}
 COMPILES = {NATIVE: True, EMULATED: True, COMPILE_ONLY: True, INTERPRETER: False}
-
-RUN_TARGET_ENV = "FLA_RUN_TARGET"
-
 
 @dataclass(frozen=True)
 class Target:
@@ -130,18 +127,18 @@ def resolve_targets(spec: str, gpu: Gpu | None) -> list[Target]:
 def decode_target(text: str) -> Target:
     name, _, mode = text.partition(":")
     arch = None if name == INTERPRETER else parse_arch(name)
-    return Target(name, arch, mode, f"set by {RUN_TARGET_ENV}")
+    return Target(name, arch, mode, f"set by {environment.RUN_TARGET}")
 
 
 def current_target() -> Target | None:
     """The target this process runs, as its coordinator set it in the environment (None
     outside a run): for what runs before the session is configured (a worker's setup,
     before torch is imported) or outside one (a reproducer). Elsewhere ``run_target``."""
-    text = os.environ.get(RUN_TARGET_ENV)
+    text = os.environ.get(environment.RUN_TARGET)
     return decode_target(text) if text else None
 
 
-# the run's state holds this process's target from its configure on (plugin.py)
+# the run's state holds this process's target from its first hook on (plugin.py)
 RUN_TARGET = pytest.StashKey["Target | None"]()
 
 
@@ -157,7 +154,7 @@ def arch_words(option: str) -> list[str]:
 
 def triton_cache_dir(target: Target) -> str:
     """A Triton cache directory of the target's own, beside the default cache."""
-    base = os.environ.get("FLA_TRITON_CACHE_BASE") or os.path.join(Path.home(), ".triton", "cache")
+    base = os.environ.get(environment.TRITON_CACHE_BASE) or os.path.join(Path.home(), ".triton", "cache")
     return os.path.join(base, f"fla-{target.name}")
 
 
@@ -169,8 +166,8 @@ def target_environment(target: Target) -> dict[str, str]:
     and to ``kernels._arch``; for ``CUDA_VISIBLE_DEVICES`` it hides every GPU.
     """
     env = {
-        RUN_TARGET_ENV: target.encode(),
-        "FLA_TARGET_ARCH": arch_name(target.arch) if target.arch else "",
+        environment.RUN_TARGET: target.encode(),
+        environment.TARGET_ARCH: arch_name(target.arch) if target.arch else "",
         "TRITON_INTERPRET": "1" if target.mode == INTERPRETER else "",
         "TRITON_OVERRIDE_ARCH": arch_name(target.arch) if target.mode == EMULATED else "",
         "TRITON_CACHE_DIR": triton_cache_dir(target),

@@ -28,9 +28,6 @@ from __future__ import annotations
 import functools
 
 CHOICES = ("tuned", "first")
-# set by a process under --fla-autotune=first for the processes it starts (isolated tests,
-# reproducers), whose kernels are autotuned the same way; read as that option's default
-ENV = "FLA_AUTOTUNE"
 EQUAL_TIMES = [0.0, 0.0, 0.0]  # the quantiles (0.5, 0.2, 0.8) the autotuner asks for
 NOT_TRIED = [float("inf")] * 3  # what a config after the one chosen reads as: never picked
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 
-OFF_ENV = "FLA_INTERPRETER_REPATCH"
+from .. import environment
+
 
 # A pytest ``filterwarnings`` entry for the one warning the interpreter itself causes: its
 # ``tl.tensor.__index__`` (a loop bound, ``range(n)`` over a kernel argument) is
@@ -32,7 +33,7 @@ NUMPY_SCALAR_WARNING = ("ignore:Conversion of an array with ndim > 0 to a scalar
 
 def wanted() -> bool:
     """Whether the shortcut is to be installed (``FLA_INTERPRETER_REPATCH=1`` says no)."""
-    return os.environ.get(OFF_ENV) != "1"
+    return os.environ.get(environment.INTERPRETER_REPATCH) != "1"
 
 
 def skip_repeated_patching() -> bool:

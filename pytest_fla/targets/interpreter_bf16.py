@@ -32,7 +32,8 @@ import os
 
 import numpy as np
 
-ENV = "FLA_INTERPRETER_BF16"
+from .. import environment
+
 INSTALLED = False  # in this process (``toolchain.interpreter_skip_reason`` reads it)
 
 
@@ -112,6 +113,6 @@ def install() -> bool:
     create_dot.fla_bf16 = True
     builder.create_dot, builder.cast_impl = create_dot, cast_impl
     builder.create_fp_to_fp, builder.binary_op = create_fp_to_fp, binary_op
-    os.environ[ENV] = "1"
+    os.environ[environment.INTERPRETER_BF16] = "1"
     INSTALLED = True
     return True

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from plugin_testing import DEVICE, cpu_only, run
+from pytest_fla import environment
 from pytest_fla.checks import bounds
 from pytest_fla.sanitizer import interpreter as interpreter_memcheck
 
@@ -220,7 +221,7 @@ def test_the_check_fails_an_op_that_every_other_check_passes(pytester, monkeypat
     """The bands alone: the interpreter's access check (on by default) turned off, as on a GPU."""
     pytester.makepyfile(toy_ops=TOY_OPS, conftest=TOY_CONFTEST,
                         test_conformance="from pytest_fla.conformance import *  # noqa: F401,F403\n")
-    monkeypatch.setenv(interpreter_memcheck.OFF_ENV, "0")
+    monkeypatch.setenv(environment.INTERPRETER_MEMCHECK, "0")
     out = run(pytester, "-v", "-k", "forward or every_output or in_bounds").stdout.str()
     for passed in ("test_forward[double-fp32-small]", "test_every_output_written[double]",
                    "test_in_bounds[double-fp32-small]", "test_forward[double_past_the_end-fp32-small]",

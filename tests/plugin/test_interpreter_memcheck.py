@@ -9,7 +9,7 @@ import pytest
 import torch
 from plugin_testing import cpu_only, needs_gpu, run
 
-from pytest_fla import sanitizer
+from pytest_fla import environment, sanitizer
 from pytest_fla.running.devices import is_interpreter
 from pytest_fla.sanitizer import interpreter as memcheck
 
@@ -99,7 +99,7 @@ def test_a_finding_is_reported_once(project):
 def test_turned_off_every_fault_passes(project, monkeypatch):
     """What a plain run gives: none of these faults changes a checked value."""
     project.makepyfile(test_faults=FAULTS.replace('"DEVICE"', '"cpu"'))
-    monkeypatch.setenv(memcheck.OFF_ENV, "0")
+    monkeypatch.setenv(environment.INTERPRETER_MEMCHECK, "0")
     result = run(project, "-v")
     out = result.stdout.str()
     assert verdicts(result) == {name: "passed" for name in VERDICTS}, out

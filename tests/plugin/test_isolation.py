@@ -433,7 +433,8 @@ def test_a_reference_elsewhere_gets_its_inputs_there_and_gives_its_results_back(
     inputs go there and its outputs come back to the kernel's device for the comparison."""
     import torch
 
-    from pytest_fla.running.devices import REFERENCE_DEVICE_ENV, home_device, moved
+    from pytest_fla import environment
+    from pytest_fla.running.devices import home_device, moved
 
     value = {"a": (torch.ones(2), [torch.zeros(1), 3]), "b": None}
     on_meta = moved(value, "meta")
@@ -450,7 +451,7 @@ def test_a_reference_elsewhere_gets_its_inputs_there_and_gives_its_results_back(
         return torch.zeros(2, dtype=torch.float64)  # a result on the CPU, whatever it was given
 
     spec = type("Spec", (), {"reference_for": lambda self, dtype=None: reference})()
-    monkeypatch.setenv(REFERENCE_DEVICE_ENV, "meta")
+    monkeypatch.setenv(environment.REFERENCE_DEVICE, "meta")
     (out,) = OpSpec.call_reference(spec, Sample({"x": torch.ones(2)}))
     assert seen == ["meta"] and out.device.type == "cpu"  # computed there, given back here
 

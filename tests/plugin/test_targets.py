@@ -9,7 +9,7 @@ import pytest
 
 from plugin_testing import cpu_only, run
 
-from pytest_fla import targets
+from pytest_fla import environment, targets
 from pytest_fla.targets import COMPILE_ONLY, EMULATED, INTERPRETER, NATIVE, Gpu
 
 H200 = Gpu(count=1, arch=90)
@@ -72,7 +72,7 @@ def test_each_target_gets_its_own_environment():
 
 def test_a_target_survives_the_trip_through_the_environment():
     target = targets.resolve_targets("sm86", H200)[0]
-    decoded = targets.decode_target(targets.target_environment(target)[targets.RUN_TARGET_ENV])
+    decoded = targets.decode_target(targets.target_environment(target)[environment.RUN_TARGET])
     assert (decoded.name, decoded.arch, decoded.mode) == ("sm86", 86, EMULATED)
 
 
