@@ -6,9 +6,9 @@ JSON (each test's duration in the worker that ran it):
 prints, per check, the tests, their seconds (the sum, and its share of the run's), the median
 and the largest, and where the report has them, the seconds of each part of the tests' work
 (``pytest_fla.report.time_split``: drawing inputs, the float64 reference, compiling and loading
-kernels); with ``--check``, the same per op within that check. A check whose median is
-far above what its work needs points at the inputs it builds, not at the kernels (the
-error-input checks at GPU sizes: ``benchmarks/results/README.md``).
+kernels, and the counts of compiles and of Triton's cache hits); with ``--check``, the same
+per op within that check. A check whose median is far above what its work needs points at
+the inputs it builds, not at the kernels (the error-input checks at GPU sizes: ``benchmarks/results/README.md``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import collections
 import gzip
 import json
 import statistics
+
+from pytest_fla.report.time_split import COUNTS
 
 
 def load(path: str) -> list[dict]:
@@ -36,12 +38,13 @@ def table(tests: list[dict], key: str) -> str:
             parts[group][part] += seconds
     names = sorted({part for spent in parts.values() for part in spent})
     total = sum(sum(d) for d in groups.values()) or 1.0
-    lines = [f"| {key} | tests | seconds | share | median s | largest s |" + "".join(f" {n} s |" for n in names),
+    lines = [f"| {key} | tests | seconds | share | median s | largest s |" + "".join(f" {n} |" if n in COUNTS else f" {n} s |" for n in names),
              "|---|---|---|---|---|---|" + "---|" * len(names)]
     for name, durations in sorted(groups.items(), key=lambda item: -sum(item[1])):
         lines.append(f"| {name} | {len(durations)} | {sum(durations):.0f} | {100 * sum(durations) / total:.0f}% "
                      f"| {statistics.median(durations):.2f} | {max(durations):.2f} |"
-                     + "".join(f" {parts[name].get(n, 0.0):.1f} |" for n in names))
+                     + "".join(f" {parts[name].get(n, 0.0):.0f} |" if n in COUNTS else f" {parts[name].get(n, 0.0):.1f} |"
+                             for n in names))
     return "\n".join(lines)
 
 

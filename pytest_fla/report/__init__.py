@@ -327,9 +327,12 @@ def in_process_time_split(records) -> str | None:
     if not timed:
         return None
     total = sum(r.duration for r in timed)
-    shares = named_shares(summed_parts(timed, "parts_seconds"), total)
+    spent = summed_parts(timed, "parts_seconds")
+    shares = named_shares(spent, total)
+    compiles = time_split.compiles_text(spent)
     return (f"tests run in their workers: {total:.0f}s in all"
-            + (f", of which {', '.join(shares)}" if shares else ""))
+            + (f", of which {', '.join(shares)}" if shares else "")
+            + (f"; {compiles}" if compiles else ""))
 
 
 def summed_parts(records, name: str) -> dict:
@@ -346,8 +349,9 @@ def share(seconds: float, total: float) -> str:
 
 
 def named_shares(spent: dict, total: float) -> list[str]:
-    """Each part as "12s (3%) drawing inputs", in name order."""
-    return [f"{share(spent[name], total)} {time_split.LABELS.get(name, name)}" for name in sorted(spent)]
+    """Each part as "12s (3%) drawing inputs", in name order (the counts left out)."""
+    return [f"{share(spent[name], total)} {time_split.LABELS.get(name, name)}"
+            for name in sorted(spent) if name not in time_split.COUNTS]
 
 
 def child_time_split(records) -> str | None:
@@ -367,16 +371,24 @@ def child_time_split(records) -> str | None:
         return share(seconds, total)
 
     startup, exiting = summed("startup_seconds"), summed("exit_seconds")
-    in_tests = named_shares(summed_parts(timed, "parts_seconds"), total)
+    spent = summed_parts(timed, "parts_seconds")
+    in_tests = named_shares(spent, total)
     collecting = summed("collect_seconds")
     line = (f"child processes: {total:.0f}s in all; {part(startup)} starting up before their first test "
             f"({part(startup - collecting)} the interpreter and imports, {part(collecting)} collection), "
             f"{part(total - startup - exiting)} in the tests"
             f"{' (of which ' + ', '.join(in_tests) + ')' if in_tests else ''}, {part(exiting)} exiting after their last")
+    compiles = time_split.compiles_text(spent)
+    if compiles:
+        line += f"; {compiles}"
     tool = summed("sanitizer_seconds")
     if tool:
+        tool_spent = summed_parts(timed, "sanitizer_parts_seconds")
         line += ("; under the sanitizer " + ", of which ".join([part(tool), ", ".join(
-            [f"{part(summed('sanitizer_startup_seconds'))} starting up"] + named_shares(summed_parts(timed, "sanitizer_parts_seconds"), total))]))
+            [f"{part(summed('sanitizer_startup_seconds'))} starting up"] + named_shares(tool_spent, total))]))
+        tool_compiles = time_split.compiles_text(tool_spent)
+        if tool_compiles:
+            line += f" ({tool_compiles})"
     return line
 
 

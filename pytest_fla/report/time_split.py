@@ -18,12 +18,26 @@ COMPILING, LOADING, INPUTS, REFERENCE = "compiling", "loading", "inputs", "refer
 # How the report names each part
 LABELS = {COMPILING: "compiling kernels", LOADING: "loading kernels", INPUTS: "drawing inputs",
           REFERENCE: "the float64 reference"}
+# Counted beside the seconds, not seconds themselves: Triton's compiles (each a kernel the
+# process had not compiled in memory), and of those the ones Triton's on-disk cache answered
+# (what a warm cache or an earlier process saves; the rest were compiled from source)
+COMPILES, CACHE_HITS = "compiles", "compiles_from_cache"
+COUNTS = (COMPILES, CACHE_HITS)
 
 _SPENT: dict[str, float] = {}
 
 
 def add(name: str, seconds: float) -> None:
+    """Add ``seconds`` to the part ``name`` (for one of :data:`COUNTS`, a count)."""
     _SPENT[name] = _SPENT.get(name, 0.0) + seconds
+
+
+def compiles_text(spent: dict) -> str | None:
+    """"3 compiles, 1 of them from Triton's cache" from summed parts; None without compiles."""
+    compiles = round(spent.get(COMPILES, 0))
+    if not compiles:
+        return None
+    return f"{compiles} compile{'s' if compiles != 1 else ''}, {round(spent.get(CACHE_HITS, 0))} of them from Triton's cache"
 
 
 @contextlib.contextmanager

@@ -111,7 +111,8 @@ _TIMING = False
 
 def time_kernels() -> None:
     """Count every Triton compile and kernel load in this process from now on to
-    ``time_split``'s ``compiling`` and ``loading``. Once per process, before the first
+    ``time_split``'s ``compiling`` and ``loading`` (and the compiles, and their cache hits,
+    to its counts). Once per process, before the first
     launch: a jitted function keeps the ``compile`` it first launched with. Under the
     interpreter nothing is compiled or loaded, and nothing is counted."""
     global _TIMING
@@ -142,3 +143,26 @@ def time_kernels() -> None:
 
     package.compile = timed_compile  # jit.py imports it from the package at a kernel's first launch
     CompiledKernel._init_handles = timed_init_handles
+    _count_compiles()
+
+
+def _count_compiles() -> None:
+    """Count each compile, and those Triton's on-disk cache answered, to ``time_split``
+    through Triton's compilation listener (``triton.knobs.compilation.listener``, told of
+    every compile with ``cache_hit``), chained to any listener already set. A Triton
+    without the knob counts nothing: the seconds are still timed."""
+    import triton
+
+    compilation = getattr(getattr(triton, "knobs", None), "compilation", None)
+    if compilation is None or not hasattr(compilation, "listener"):
+        return
+    earlier = compilation.listener
+
+    def counted(**event):
+        time_split.add(time_split.COMPILES, 1)
+        if event.get("cache_hit"):
+            time_split.add(time_split.CACHE_HITS, 1)
+        if earlier is not None:
+            earlier(**event)
+
+    compilation.listener = counted

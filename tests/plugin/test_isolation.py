@@ -174,6 +174,16 @@ def test_the_report_times_each_tests_compiles_and_kernel_loads(pytester, monkeyp
     assert both["sanitizer_parts_seconds"] == {}  # no tool ran
     assert re.search(r"in the tests \(of which [\d.]+s \(\d+%\) compiling kernels, [\d.]+s \(\d+%\) loading kernels\)",
                      result.stdout.str())
+    assert (both["parts_seconds"]["compiles"], both["parts_seconds"].get("compiles_from_cache", 0)) == (1, 0)
+    assert "; 1 compile, 0 of them from Triton's cache" in result.stdout.str()
+    # the same run on the cache the first filled: the compile is Triton's cache's, and quick
+    again = run(pytester, "--fla-isolate=module", "-p", "no:xdist", "--fla-report=again.json")
+    again.assert_outcomes(passed=2)
+    (warm,) = [t for t in json.loads((pytester.path / "again.json").read_text())["tests"]
+               if t["nodeid"].endswith("test_compiles_and_loads")]
+    assert (warm["parts_seconds"]["compiles"], warm["parts_seconds"]["compiles_from_cache"]) == (1, 1)
+    assert warm["parts_seconds"]["compiling"] < both["parts_seconds"]["compiling"]
+    assert "; 1 compile, 1 of them from Triton's cache" in again.stdout.str()
 
 
 @pytest.mark.parametrize("events, split", [
