@@ -203,7 +203,8 @@ def matrix(out: Path) -> dict:
     data: dict = {}
     ops: set = set()
     for release, report in reports.items():
-        cells: dict = defaultdict(lambda: {"defects": defaultdict(list), "verdicts": Counter(), "tests": 0, "absent": 0})
+        cells: dict = defaultdict(lambda: {"defects": defaultdict(list), "verdicts": Counter(), "tests": 0, "absent": 0,
+                                           "not_run": []})
         for test in report["tests"]:
             op = test["op"]
             if op is None:
@@ -213,6 +214,8 @@ def matrix(out: Path) -> dict:
             cell["tests"] += 1
             if test["outcome"] == "skipped" and ABSENT_RE.search(test["reason"] or ""):
                 cell["absent"] += 1
+            if _not_run(test):  # an unrun check is no evidence of no defect: the cell says so
+                cell["not_run"].append(test["check"])
             if test["outcome"] == "failed":
                 verdict = test.get("verdict") or "unclassed"
                 cell["verdicts"][verdict] += 1
@@ -230,7 +233,8 @@ def matrix(out: Path) -> dict:
             "totals": dict(Counter(t["outcome"] for t in report["tests"])),
             "verdicts": report.get("verdicts", {}),
             "ops": {op: {"absent": c["tests"] > 0 and c["absent"] == c["tests"], "tests": c["tests"], "verdicts": dict(c["verdicts"]),
-                         "defects": {check: found for check, found in c["defects"].items()}}
+                         "defects": {check: found for check, found in c["defects"].items()},
+                         "not_run": sorted(c["not_run"])}
                     for op, c in cells.items()},
         }
     return {"data": data, "markdown": markdown(data, sorted(ops))}
@@ -241,9 +245,12 @@ def cell_text(cell: dict | None) -> str:
         return "not run"
     if cell["absent"]:
         return "absent"
+    unrun = Counter(cell.get("not_run") or ())
+    unrun_text = ", ".join(f"{check} {n}" for check, n in sorted(unrun.items()))
     if not cell["defects"]:
-        return "-"
-    return "**" + ", ".join(f"{check} {len(found)}" for check, found in sorted(cell["defects"].items())) + "**"
+        return f"- (not run: {unrun_text})" if unrun else "-"
+    found = "**" + ", ".join(f"{check} {len(found)}" for check, found in sorted(cell["defects"].items())) + "**"
+    return f"{found} (not run: {unrun_text})" if unrun else found
 
 
 def finished_text(row: dict) -> str:
@@ -256,7 +263,8 @@ def finished_text(row: dict) -> str:
 def markdown(data: dict, ops: list) -> str:
     releases = list(data)
     out = ["Defects (the checks that found them, and how many tests) per fla-core release and op; "
-           "`-`: none; `absent`: the release lacks the op.", "",
+           "`-`: none; `absent`: the release lacks the op; `not run`: the checks that did not run "
+           "(their process lost to a device fault before them), which say nothing either way.", "",
            "| op | " + " | ".join(releases) + " |", "|---|" + "---|" * len(releases)]
     for op in ops:
         out.append(f"| {op} | " + " | ".join(cell_text(data[r]["ops"].get(op)) for r in releases) + " |")

@@ -64,3 +64,18 @@ def test_an_agreement_defect_of_the_other_kernel_counts_against_that_kernel(tmp_
     assert ops["chunk_rwkv6"]["defects"].keys() == {"huge_grid"}
     assert ops["fused_recurrent_rwkv6"]["defects"].keys() == {"chunk_vs_recurrent (chunk_rwkv6's)"}
     assert not ops["fused_recurrent_rwkv6"]["absent"]
+
+
+def test_a_check_not_run_after_a_device_fault_is_not_shown_as_no_defect(tmp_path):
+    """A cell whose check never ran (its process lost to an earlier test's device fault)
+    says so, instead of the `-` of a check that ran and found nothing."""
+    fault = dict(_test("t::f", "failed", "defect", op="chunk_kda"), check="error_inputs", verdict_why="device fault")
+    lost = dict(_test("t::g", "skipped", op="chunk_kda"), check="huge_grid",
+                reason="not run: this process's CUDA context was lost to a device fault in t::f")
+    ran = _test("t::a", "passed", op="chunk_gla")
+    (tmp_path / "report_0.6.0.json").write_text(json.dumps({"tests": [fault, lost, ran], "finished": True}))
+    result = peer_history.matrix(tmp_path)
+    assert result["data"]["0.6.0"]["ops"]["chunk_kda"]["not_run"] == ["huge_grid"]
+    rows = {line.split(" | ")[0]: line for line in result["markdown"].splitlines() if line.startswith("| chunk_")}
+    assert rows["| chunk_kda"] == "| chunk_kda | **error_inputs 1** (not run: huge_grid 1) |"
+    assert rows["| chunk_gla"] == "| chunk_gla | - |"
