@@ -2,6 +2,7 @@
 
     python benchmarks/peer_history.py run --wheels .whl/fla-core --out DIR [--ops a,b] [--checks forward,backward]
                                           [--releases 0.5.2,0.6.0] [--workers N] [--timeout S]
+    python benchmarks/peer_history.py run --compile sm80,sm90 --out DIR ...   # the compile checks alone
     python benchmarks/peer_history.py matrix DIR [--markdown PATH] [--json PATH]
 
 ``run`` installs each release's wheel (``fla_core-<release>-*.whl``) into a folder of its
@@ -17,6 +18,11 @@ handed whole ops (``--fla-dist=op``), so an op's kernels compile on one worker, 
 ``TRITON_CACHE_AUTOTUNING``: once per release, not once per worker and child process). With
 no GPU the kernels run under Triton's interpreter (where the peer's ops run there at all:
 the matrix's ``environment`` verdicts say which do not).
+
+``--compile ARCHS`` runs ``tests/test_compile.py`` instead: every kernel of the release
+captured over this repo's compile cases (float32 states) and compiled offline for each arch
+(``--fla-arch=ARCHS``; compile-only on a machine without the arch, a CPU one included); a
+kernel that does not compile, or is over the arch's shared memory or grid limits, is a defect.
 
 ``matrix`` reads those reports: per release and op, the defects (the only findings) and
 the checks that found them; the other verdicts counted apart; an op the release lacks is
@@ -122,9 +128,13 @@ def merge_into(report: Path, earlier: list[dict]) -> None:
 
 
 def pytest_command(args, report: Path) -> list[str]:
-    command = [sys.executable, "-m", "pytest", "tests/test_conformance.py", "tests/peer", "--fla-impl=fla",
+    compiling = getattr(args, "compile", None)
+    paths = ["tests/test_compile.py"] if compiling else ["tests/test_conformance.py", "tests/peer"]
+    command = [sys.executable, "-m", "pytest", *paths, "--fla-impl=fla",
                "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rN", "-m", args.markers,
                f"--fla-report={report}", f"--fla-isolate={args.isolate}", f"--fla-autotune={args.autotune}"]
+    if compiling:  # each kernel of the release compiled offline for each arch (a process each)
+        command += [f"--fla-arch={compiling}", f"--fla-compile-scope={args.compile_scope}"]
     if args.workers:
         command.append(f"--fla-dist={args.dist}")
     if args.ops:
@@ -156,7 +166,7 @@ def run(args) -> int:
         install(found[release], site)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site)] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                    TRITON_CACHE_AUTOTUNING="1", PYTHONUNBUFFERED="1")
-        if not gpu:
+        if not gpu and not args.compile:  # the compile checks need the real Triton (the plugin decides per target)
             env["TRITON_INTERPRET"] = "1"
         start = time.monotonic()
         command = pytest_command(args, report) + [f"--deselect={test['nodeid']}" for test in earlier]
@@ -306,6 +316,11 @@ def main() -> int:
     r.add_argument("--dist", default="op", choices=("op", "test"),
                    help="--fla-dist with --workers (default op: each op's kernels compiled and autotuned on one worker)")
     r.add_argument("--timeout", type=float, default=None, help="seconds for each release's run")
+    r.add_argument("--compile", metavar="ARCHS",
+                   help="run the compile checks instead (tests/test_compile.py), for these --fla-arch targets, "
+                        "e.g. sm80,sm90: offline on a CPU machine")
+    r.add_argument("--compile-scope", default="kernels", choices=("launches", "kernels"),
+                   help="--fla-compile-scope of a --compile run (default kernels: each kernel once per dtype)")
     r.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     m = commands.add_parser("matrix", help="the matrix from a run's reports")
     m.add_argument("out")

@@ -306,7 +306,10 @@ def peer_spec(spec, adapters_: dict | None = None):
     adapter = (ADAPTERS if adapters_ is None else adapters_).get(spec.name)
     if adapter is None:
         return None
-    return dataclasses.replace(spec, op=adapter, compile_cases=(), min_arch=None)
+    # this repo's compile cases, each of the peer's kernels compiled offline for each arch
+    # (a kernel that does not compile for one is a defect), with the float32 states every
+    # release takes (some of its ops assert "initial_state must be in float32")
+    return dataclasses.replace(spec, op=adapter, min_arch=None, compile_state_dtypes=())
 
 
 def peer_specs(specs=None) -> list:
@@ -323,9 +326,24 @@ def peer_specs(specs=None) -> list:
         specs = all_specs()
     cpu_device_context()
     peers = [p for p in (peer_spec(s) for s in specs) if p is not None]
+    import_before_the_checks(p.op for p in peers)
     names = {p.name for p in peers}
     return [p if p.agrees_with in names or p.agrees_with is None else dataclasses.replace(p, agrees_with=None)
             for p in peers]
+
+
+def import_before_the_checks(adapters) -> None:
+    """Import the release's modules now, before any check: fla-core's import asks Triton's
+    driver which GPU it is on (and then torch.cuda for the device's name), and a compile
+    check captures launches with a driver standing in for the arch's card where none is
+    (``pytest_fla.checks.capture``); imported under it, a CPU-only torch fails the import.
+    A module that fails to import here fails again in the call, and is classed there."""
+    for adapter in adapters:
+        if adapter.absent is None:
+            try:
+                importlib.import_module(adapter.module)
+            except Exception:  # noqa: BLE001 - reported by the call that needs it
+                pass
 
 
 def cpu_device_context() -> None:

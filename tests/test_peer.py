@@ -108,6 +108,21 @@ def test_conv_adapter_hands_the_peer_a_window_of_w_and_takes_back_w_minus_1(fake
     torch.testing.assert_close(final_state, final_ref)
 
 
+def test_the_peers_specs_keep_the_compile_cases_with_float32_states():
+    """The peer's kernels compile offline over this repo's compile cases, each state float32
+    (what every release takes): a bf16 state one of its ops refuses must not stop the rest
+    of that op's launches from compiling."""
+    from pytest_fla.checks.compile_per_arch import _state_in
+
+    spec = next(s for s in all_specs() if s.name == "chunk_gla")
+    assert spec.compile_cases and "bf16" in spec.state_dtypes
+    ours_first = _state_in(spec, spec.compile_cases[0], "bf16")
+    assert ours_first.options["initial_state"] == "bf16"  # ours: the first case's state in the run's dtype
+    theirs = peer.peer_spec(spec)
+    assert theirs.compile_cases == spec.compile_cases and theirs.compile_state_dtypes == ()
+    assert _state_in(theirs, theirs.compile_cases[0], "bf16") is theirs.compile_cases[0]
+
+
 def test_peer_specs_need_the_peer(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(pytest.UsageError, match="fla-core, which is not importable"):

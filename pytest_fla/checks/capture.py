@@ -5,7 +5,9 @@ run: the kernel, its specialised signature, constexprs, compile options and grid
 bound exactly as Triton would bind them for ``arch``. An autotuned kernel records one
 launch per config (heuristics pass through), so every config a card could pick is
 checked. The library's ``fla_capturing_launches`` flags (``checks.switches``) are set
-meanwhile, so its op wrappers can accept CPU tensors. ``check_launches`` then compiles each distinct launch for the target with
+meanwhile, so its op wrappers can accept CPU tensors; where no GPU driver is, Triton's
+driver answers as the arch's reference card would (``_ArchDriver``: a library that sizes
+its grid by the SM count gets that card's). ``check_launches`` then compiles each distinct launch for the target with
 ``triton.compile(..., target=GPUTarget("cuda", arch, 32))`` and checks what a real card
 checks at load and launch: shared memory within the arch's opt-in limit, threads per
 block, and the grid within CUDA's limits.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 from . import switches
 from ..targets import SHARED_MEMORY_LIMIT, arch_name
+from ..targets.arch_table import REFERENCE_CARD
 
 MAX_GRID = (2**31 - 1, 65535, 65535)
 MAX_THREADS_PER_BLOCK = 1024
@@ -125,6 +128,59 @@ class _Recorder:
         self.launches.append(Launch(kernel, signature, constexprs, attrs, options, grid, self.label))
 
 
+class _ArchDriver:
+    """Stands in for Triton's driver while launches are captured where no GPU driver is
+    (a CPU machine): the arch's target, device 0, and the properties a library reads to size
+    its grid, of the arch's reference card (``REFERENCE_CARD``: SM count; the opt-in shared
+    memory of ``SHARED_MEMORY_LIMIT``). Nothing is launched through it; a property it does
+    not hold (clock rates) is a KeyError, as for a key the real one lacks."""
+
+    def __init__(self, arch: int):
+        self.target = _target(arch)
+        self.utils = self
+        self.properties = {"max_shared_mem": SHARED_MEMORY_LIMIT[arch], "max_num_regs": 65536,
+                           "multiprocessor_count": REFERENCE_CARD[arch][1], "warpSize": 32}
+
+    @staticmethod
+    def is_active() -> bool:
+        return True
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def set_current_device(self, device) -> None:
+        pass
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_device_properties(self, device) -> dict:
+        return dict(self.properties)
+
+
+@contextlib.contextmanager
+def _driver_for(arch: int):
+    """Triton's driver as it is where one is active (a GPU machine: the real card answers),
+    else :class:`_ArchDriver` for ``arch`` meanwhile."""
+    from triton.runtime import driver as config
+
+    try:
+        config.active
+    except RuntimeError:  # "0 active drivers": no GPU here
+        if hasattr(config, "set_active") and hasattr(config, "_active"):
+            saved = config._active
+            config.set_active(_ArchDriver(arch))
+            try:
+                yield
+            finally:
+                config._active = saved  # reset_active() would ask for the missing driver again
+            return
+    yield
+
+
 @contextlib.contextmanager
 def capture_launches(arch: int):
     """Record kernel launches for ``arch`` instead of running them; yields the recorder.
@@ -147,7 +203,7 @@ def capture_launches(arch: int):
     saved = (JITFunction.run, Autotuner.run)
     JITFunction.run, Autotuner.run = record_launch, record_every_config
     try:
-        with switches.flags_set(switches.CAPTURING_LAUNCHES):
+        with switches.flags_set(switches.CAPTURING_LAUNCHES), _driver_for(arch):
             yield recorder
     finally:
         JITFunction.run, Autotuner.run = saved

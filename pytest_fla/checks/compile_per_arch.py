@@ -74,7 +74,10 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
                 kwargs = dict(sample.kwargs)
                 leaves = [kwargs[n].detach().requires_grad_(True) for n in differentiable(spec, sample)]
                 kwargs.update(zip(differentiable(spec, sample), leaves))
-                outputs = [o for o in spec.call(type(sample)(kwargs)) if o is not None and o.requires_grad]
+                produced = [o for o in spec.call(type(sample)(kwargs)) if o is not None]
+                # none that requires a gradient: an op with no backward, which torch's own
+                # "does not require grad" error then says (the library's refusal, not a check's)
+                outputs = [o for o in produced if o.requires_grad] or produced
                 start = len(recorder.launches)
                 torch.autograd.backward(outputs, cotangents(outputs, 0))
                 launches += recorder.launches[start:]
@@ -84,10 +87,11 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
 
 def _state_in(spec, case, dtype: str):
     """The first compile case with its initial state in the run's dtype, where the op takes
-    a state in it (``OpSpec.state_dtypes``): the state's loads convert to float32 and its
+    a state in it (``OpSpec.state_dtypes``, or ``compile_state_dtypes`` where set): the state's loads convert to float32 and its
     gradient's stores back, typed code that a float32 state never compiles. The other
     cases keep the float32 state of the usual call."""
-    if dtype in spec.state_dtypes and case.options.get("initial_state"):
+    state_dtypes = spec.state_dtypes if spec.compile_state_dtypes is None else spec.compile_state_dtypes
+    if dtype in state_dtypes and case.options.get("initial_state"):
         return case.with_options(initial_state=dtype)
     return case
 

@@ -22,6 +22,18 @@ SHARED_MEMORY_LIMIT = {
     120: 101376,
 }
 ALL_ARCHS = tuple(sorted(SHARED_MEMORY_LIMIT))
+# The card each arch's offline launches stand for, and its SM count: what a library that
+# sizes its grid by the GPU (a persistent kernel's programs) reads from Triton's driver,
+# answered so where no card of the arch is there (compile-only capture on a CPU machine).
+REFERENCE_CARD = {
+    75: ("Tesla T4", 40),
+    80: ("A100", 108),
+    86: ("RTX A6000", 84),
+    89: ("L40S", 142),
+    90: ("H100 SXM", 132),
+    100: ("B200", 148),
+    120: ("RTX 5090", 170),
+}
 
 _ARCH_RE = re.compile(r"^(?:sm_?)?(\d{2,3})a?$")
 

@@ -117,3 +117,33 @@ def test_kernel_scope_compiles_each_kernel_once_per_dtype(project):
     project.makepyfile(test_project=SCOPE_PROJECT)
     result = run(project, "--fla-arch=sm80")
     result.assert_outcomes(passed=1)
+
+
+DRIVER_PROJECT = '''
+import pytest, torch
+from triton.runtime import driver
+import faulty_kernels as fk
+from pytest_fla.checks.capture import capture_launches
+
+@pytest.mark.fla_compile("sm90")
+def test_a_grid_sized_by_the_sm_count():
+    x = torch.zeros(128)
+    with capture_launches(90) as recorder:
+        active = driver.active
+        sms = active.utils.get_device_properties(active.get_current_device())["multiprocessor_count"]
+        assert active.get_current_target().arch == 90
+        fk.copy_kernel[(sms,)](x, x, x.numel(), BLOCK=128)  # a persistent kernel's grid: a program per SM
+    assert [launch.grid for launch in recorder.launches] == [(132, 1, 1)]  # an H100 SXM's SMs
+    with pytest.raises(RuntimeError, match="0 active drivers"):
+        driver.active  # afterwards as before: no GPU driver here
+'''
+
+
+@cpu_only
+def test_launches_captured_without_a_gpu_driver_see_the_arch_s_reference_card(project):
+    """A library that sizes its grid by the GPU's SM count (Triton's driver) asks it in the
+    middle of its call; with no GPU driver here, capture answers as the arch's reference card
+    would (``arch_table.REFERENCE_CARD``), and only while it captures."""
+    project.makepyfile(test_project=DRIVER_PROJECT)
+    result = run(project, "--fla-arch=sm90")
+    result.assert_outcomes(passed=1)

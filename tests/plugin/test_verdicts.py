@@ -234,6 +234,23 @@ def test_the_verdict_of_a_message_alone(message, expected):
     assert verdicts.from_message(message)[0] == expected
 
 
+@pytest.mark.parametrize("what, why", [
+    ("does not compile: CompilationError: at 31:8:\n      caused by AssertionError: Loop-carried variable b_x "
+     "has initial type <['64', '16'], bf16> but is re-assigned to <['64', '16'], fp32>", "does not compile for the arch"),
+    ("needs 262144 bytes of shared memory, over sm90's limit of 232448", "over the arch's limits (a launch it refuses)"),
+    ("1024 threads per block, over 1024", "over the arch's limits (a launch it refuses)"),
+    ("grid axis 1 is 65538, over CUDA's limit of 65535", "launch refused on a valid input"),
+])
+def test_a_compile_checks_problem_is_a_defect_that_says_which(what, why):
+    """The compile checks' failures (``checks.capture``: what a card would refuse, found
+    offline), as the check raises them: each a defect, with why."""
+    from pytest_fla.checks.capture import CompileCheckFailed
+
+    message = f"1 problem(s) for sm90:\n  _fwd_kernel(BK=64, num_warps=4, num_stages=2) [d128 bf16 fwd]: {what}"
+    exc = CompileCheckFailed(message)
+    assert verdicts.of_exception(_Info(exc, [PLUGIN])) == ("defect", why)
+
+
 def test_fp32_at_tf32_precision_is_a_contract_failure_and_past_fp16_a_defect():
     """An fp32 result with tf32 products (fp16's significand) fails the fp32 limits and
     stays within fp16's: the peer library's chunked kernels by design, a rule of this
