@@ -128,13 +128,12 @@ def merge_into(report: Path, earlier: list[dict]) -> None:
 
 
 def pytest_command(args, report: Path) -> list[str]:
-    compiling = getattr(args, "compile", None)
-    paths = ["tests/test_compile.py"] if compiling else ["tests/test_conformance.py", "tests/peer"]
+    paths = ["tests/test_compile.py"] if args.compile else ["tests/test_conformance.py", "tests/peer"]
     command = [sys.executable, "-m", "pytest", *paths, "--fla-impl=fla",
                "-p", "no:cacheprovider", "-p", "no:randomly", "-q", "-rN", "-m", args.markers,
                f"--fla-report={report}", f"--fla-isolate={args.isolate}", f"--fla-autotune={args.autotune}"]
-    if compiling:  # each kernel of the release compiled offline for each arch (a process each)
-        command += [f"--fla-arch={compiling}", f"--fla-compile-scope={args.compile_scope}"]
+    if args.compile:  # each kernel of the release compiled offline for each arch (a process each)
+        command += [f"--fla-arch={args.compile}", f"--fla-compile-scope={args.compile_scope}"]
     if args.workers:
         command.append(f"--fla-dist={args.dist}")
     if args.ops:
@@ -255,12 +254,12 @@ def cell_text(cell: dict | None) -> str:
         return "not run"
     if cell["absent"]:
         return "absent"
+    text = ("**" + ", ".join(f"{check} {len(found)}" for check, found in sorted(cell["defects"].items())) + "**"
+            if cell["defects"] else "-")
     unrun = Counter(cell.get("not_run") or ())
-    unrun_text = ", ".join(f"{check} {n}" for check, n in sorted(unrun.items()))
-    if not cell["defects"]:
-        return f"- (not run: {unrun_text})" if unrun else "-"
-    found = "**" + ", ".join(f"{check} {len(found)}" for check, found in sorted(cell["defects"].items())) + "**"
-    return f"{found} (not run: {unrun_text})" if unrun else found
+    if unrun:
+        text += " (not run: " + ", ".join(f"{check} {n}" for check, n in sorted(unrun.items())) + ")"
+    return text
 
 
 def finished_text(row: dict) -> str:

@@ -87,9 +87,9 @@ def capture_op(spec, arch: int, direction: str, dtypes=COMPILE_DTYPES) -> list:
 
 def _state_in(spec, case, dtype: str):
     """The first compile case with its initial state in the run's dtype, where the op takes
-    a state in it (``OpSpec.state_dtypes``, or ``compile_state_dtypes`` where set): the state's loads convert to float32 and its
-    gradient's stores back, typed code that a float32 state never compiles. The other
-    cases keep the float32 state of the usual call."""
+    a state in it (``OpSpec.state_dtypes``, or ``compile_state_dtypes`` where set): the
+    state's loads convert to float32 and its gradient's stores back, typed code that a
+    float32 state never compiles. The other cases keep the float32 state of the usual call."""
     state_dtypes = spec.state_dtypes if spec.compile_state_dtypes is None else spec.compile_state_dtypes
     if dtype in state_dtypes and case.options.get("initial_state"):
         return case.with_options(initial_state=dtype)
